@@ -1,0 +1,124 @@
+"""``DDPManager``: wraps a model in ``DistributedDataParallel`` as a ``DDPConfig`` says."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nemo_dist.distributed.activation_checkpointing import apply_activation_checkpointing
+from nemo_dist.distributed.config import DDPConfig
+
+__all__ = ["DDPManager"]
+
+logger = logging.getLogger(__name__)
+
+_DDP_PARAMETERS = inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def _buffer_sync_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
+    """DDP arguments that keep upstream's ``broadcast_buffers`` meaning on any torch.
+
+    torch >= 2.13 deprecates ``broadcast_buffers`` for ``forward_sync_buffers``,
+    but ``forward_sync_buffers=False`` still syncs buffers at construction, and
+    upstream's False means no sync at all.  So True maps to the new argument
+    and False keeps the old one (its FutureWarning filtered where DDP is built).
+    """
+    if broadcast_buffers and "forward_sync_buffers" in _DDP_PARAMETERS:
+        return {"forward_sync_buffers": True}
+    return {"broadcast_buffers": broadcast_buffers}
+
+
+class DDPManager:
+    """Manager for distributed training using PyTorch's DDP.
+
+    Construction requires an initialised default process group (``RuntimeError``
+    otherwise) and sets ``rank``, ``world_size`` and ``device``: with the NCCL
+    backend and CUDA, ``cuda:(rank % device_count)`` made current; otherwise CPU.
+    The config's fields are mirrored as attributes of the same names.
+    """
+
+    def __init__(self, config: DDPConfig) -> None:
+        self.config = config
+        self.activation_checkpointing = config.activation_checkpointing
+        self.activation_checkpointing_scope = config.activation_checkpointing_scope
+        self.broadcast_buffers = config.broadcast_buffers
+        self.find_unused_parameters = config.find_unused_parameters
+        self.static_graph = config.static_graph
+        self.bucket_cap_mb = config.bucket_cap_mb
+        self.gradient_as_bucket_view = config.gradient_as_bucket_view
+        self.autocast_dtype = getattr(config, "autocast_dtype", None)
+        self._setup_distributed()
+
+    def _setup_distributed(self) -> None:
+        """Initialize device configuration for DDP: ``rank``, ``world_size``, ``device``."""
+        if not dist.is_available():
+            raise RuntimeError("DDPManager: torch.distributed is not available in this build of torch")
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "DDPManager: the default process group is not initialized; "
+                "call torch.distributed.init_process_group() first (torchrun sets up its environment)"
+            )
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+            index = self.rank % torch.cuda.device_count()
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
+        else:
+            self.device = torch.device("cpu")
+        logger.debug("DDPManager: rank %d of %d on %s", self.rank, self.world_size, self.device)
+
+    def parallelize(self, model: nn.Module) -> DistributedDataParallel:
+        """Wraps the given model with DistributedDataParallel (DDP).
+
+        Applies activation checkpointing when enabled, moves the model to
+        ``device``, and wraps it with ``device_ids=[device]`` on CUDA (None on
+        CPU), forwarding ``broadcast_buffers``, ``find_unused_parameters``,
+        ``static_graph``, ``gradient_as_bucket_view`` and ``bucket_cap_mb`` (when
+        not None).  With ``autocast_dtype`` set, forward runs under autocast.
+        Returns the DDP-wrapped model.
+        """
+        if self.activation_checkpointing:
+            apply_activation_checkpointing(
+                model, self.activation_checkpointing, self.activation_checkpointing_scope
+            )
+        model = model.to(self.device)
+        kwargs: dict[str, Any] = {
+            "device_ids": [self.device] if self.device.type == "cuda" else None,
+            "find_unused_parameters": self.find_unused_parameters,
+            "static_graph": self.static_graph,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            **_buffer_sync_kwargs(self.broadcast_buffers),
+        }
+        if self.bucket_cap_mb is not None:
+            kwargs["bucket_cap_mb"] = self.bucket_cap_mb
+        with warnings.catch_warnings():
+            # Only the deprecation notice for broadcast_buffers=False, kept on
+            # purpose (see _buffer_sync_kwargs); every other warning passes.
+            warnings.filterwarnings(
+                "ignore", message=r"`broadcast_buffers` is deprecated", category=FutureWarning
+            )
+            wrapped = DistributedDataParallel(model, **kwargs)
+        if self.autocast_dtype is not None:
+            _autocast_forward(wrapped, self.device.type, self.autocast_dtype)
+        return wrapped
+
+
+def _autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    """Make ``module``'s forward run under ``torch.autocast(device_type, dtype)``."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    module.forward = autocast_forward  # type: ignore[method-assign]
