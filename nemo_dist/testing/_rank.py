@@ -1,0 +1,140 @@
+"""Rank process main loop (child side of the harness).
+
+Started by :class:`nemo_dist.testing.World` as
+``python -m nemo_dist.testing._rank FD`` where ``FD`` is this rank's end of a
+private socket pair. The loop receives an :class:`~._protocol.Init`, joins the
+process group through the parent's TCPStore, answers :class:`~._protocol.Ready`,
+then runs one call per message until it gets ``EXIT`` or the pipe hits EOF.
+This module imports nothing from the parent side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import IO, Any
+
+from nemo_dist.testing._protocol import CALL, Init, Raised, Ready, Returned
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when the parent thread exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _set_path(parent_path: list[str]) -> None:
+    """Make imports resolve as in the parent: its path first, ours after."""
+    extra = [p for p in sys.path if p not in parent_path]
+    sys.path[:] = [*parent_path, *extra]
+
+
+def _raised(seq: int, rank: int, exc: BaseException) -> Raised:
+    return Raised(
+        seq=seq,
+        rank=rank,
+        exc_type=type(exc).__qualname__,
+        message=str(exc),
+        traceback=traceback.format_exc(),
+    )
+
+
+def _answer(seq: int, rank: int, blob: bytes) -> bytes:
+    """Run one call and return the pickled reply (never raises)."""
+    try:
+        fn, args, kwargs = pickle.loads(blob)
+        value: Any = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
+        return pickle.dumps(_raised(seq, rank, exc), pickle.HIGHEST_PROTOCOL)
+    try:
+        return pickle.dumps(Returned(seq, rank, value), pickle.HIGHEST_PROTOCOL)
+    except BaseException as exc:  # noqa: BLE001
+        reply = _raised(seq, rank, exc)
+        reply = Raised(
+            seq,
+            rank,
+            reply.exc_type,
+            f"the return value could not be pickled: {reply.message}",
+            reply.traceback,
+        )
+        return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
+
+
+def _join(init: Init) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if init.backend == "nccl":
+        torch.cuda.set_device(init.rank % torch.cuda.device_count())
+    timeout = datetime.timedelta(seconds=init.pg_timeout_s)
+    store = dist.TCPStore(
+        "127.0.0.1", init.store_port, is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        init.backend,
+        store=store,
+        rank=init.rank,
+        world_size=init.world_size,
+        timeout=timeout,
+    )
+
+
+def _leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve calls from the parent until told to exit; return the exit status."""
+    args = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(args[0]))
+    try:
+        init: Init = conn.recv()
+    except EOFError:
+        return 0
+    _die_with_parent(init.parent_pid)
+    stack_file: IO[str] = open(init.stack_file, "w")  # noqa: SIM115 - lives as long as the process
+    faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
+    _set_path(init.sys_path)
+    try:
+        _join(init)
+    except BaseException as exc:  # noqa: BLE001
+        conn.send(_raised(-1, init.rank, exc))
+        return 1
+    conn.send(Ready(init.rank))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg[0] != CALL:
+            break
+        _, seq, blob, sys_path = msg
+        if sys_path is not None:
+            _set_path(sys_path)
+        conn.send_bytes(_answer(seq, init.rank, blob))
+    _leave()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
