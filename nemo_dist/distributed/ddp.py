@@ -121,4 +121,4 @@ def _autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype) -
         with torch.autocast(device_type=device_type, dtype=dtype):
             return forward(*args, **kwargs)
 
-    module.forward = autocast_forward  # type: ignore[method-assign]
+    module.forward = autocast_forward

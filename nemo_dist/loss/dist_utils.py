@@ -26,12 +26,8 @@ __all__ = ["all_gather_no_grad", "all_gather_with_grad"]
 
 # torch 2.13 renamed the single-buffer collectives and deprecated the old names;
 # older releases only have the old ones.  Resolve once, warning-free.
-_all_gather_single: Any = getattr(dist, "all_gather_single", None) or getattr(
-    dist, "all_gather_into_tensor"
-)
-_reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or getattr(
-    dist, "reduce_scatter_tensor"
-)
+_all_gather_single: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single: Any = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 # The uneven path exchanges a fixed-length metadata row per rank:
 # [ndim, dtype code, dim_0, ..., dim_{_MAX_NDIM-1}] (unused dims are -1).
@@ -160,7 +156,7 @@ class _GatherRows(torch.autograd.Function):
     """Autograd node of ``all_gather_with_grad``: one tensor out, one collective each way."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         group: dist.ProcessGroup | None,
@@ -172,7 +168,7 @@ class _GatherRows(torch.autograd.Function):
         return _gather(x, group, size, rows)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return _scatter_grad(grad, ctx.group, ctx.rank, ctx.size, ctx.rows), None, None, None, None
 
 
@@ -187,7 +183,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, ...]:
         _check_tensor(x, "_AllGatherWithGrad")
         world = _world(group)
         ctx.group = group
@@ -200,7 +196,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return tuple(part.clone() for part in gathered.chunk(world[1]))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         if ctx.world is None:
             return grads[0], None
         rank, size = ctx.world
