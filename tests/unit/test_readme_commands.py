@@ -1,0 +1,32 @@
+"""Layer 0 (no process): the README's two commands exist and CI runs the test one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _block(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- {marker} -->\n```\n(.+?)\n```\n<!-- /{marker} -->", text, re.S)
+    assert match, f"README.md has no {marker} block"
+    return match.group(1)
+
+
+def test_readme_main_command_runs_the_conformance_suite() -> None:
+    """The main job installs the project and runs nemo-dist-conformance."""
+    command = _block("main-command")
+    assert "torch==2.13.0" in command
+    assert command.endswith("nemo-dist-conformance")
+
+
+def test_readme_test_command_runs_pytest_and_ci_reads_it() -> None:
+    """The test command runs pytest, and .ci/run executes exactly that README block."""
+    command = _block("test-command")
+    assert "torch==2.13.0" in command
+    assert "-m pytest" in command
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "test-command" in ci
+    assert "README.md" in ci
