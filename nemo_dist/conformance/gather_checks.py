@@ -1,0 +1,389 @@
+"""Conformance checks of the gather component (SPEC section 2, ``dist_utils``).
+
+Each check is registered with :func:`~nemo_dist.conformance._registry.check`
+and is a callable ``check(world, impl)``: it draws small inputs with
+hypothesis in this (parent) process, runs a rank function of
+:mod:`nemo_dist.conformance._gather_ranks` on every rank of ``world`` and asserts
+on the per-rank results, so a failure shrinks to a minimal example. Hypothesis
+settings are the loaded profile's. Integer-valued data makes every sum exact,
+so results are compared bit for bit; the float-gradient check states its
+tolerance.
+
+Core tier: the seed contract (equal shapes). Extended tier: ``uneven=True``,
+``group=``, clear errors and the world-of-one identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nemo_dist.conformance import _gather_ranks as ranks
+from nemo_dist.conformance._impl import Implementation, NotSupported
+from nemo_dist.conformance._registry import WorldLike, check
+from nemo_dist.testing import strategies as ds
+
+__all__ = [
+    "autograd_function_returns_rank_tuple",
+    "backward_handles_sum_repeated_and_partial_losses",
+    "backward_sums_rank_slices",
+    "float_grads_within_tolerance",
+    "forward_matches_cat",
+    "group_uses_group_ranks",
+    "inputs_and_grads_not_modified",
+    "no_grad_matches_cat_without_grad",
+    "single_rank_returns_input",
+    "uneven_gathers_rows_in_rank_order",
+    "uneven_mismatch_raises_on_every_rank",
+    "uninitialised_returns_input",
+    "zero_dim_raises_on_every_rank",
+]
+
+
+# ------------------------------------------------------------------ helpers
+def _offsets(rows: Sequence[int]) -> list[int]:
+    starts = [0]
+    for n in rows:
+        starts.append(starts[-1] + n)
+    return starts
+
+
+def _expected_grads(upstream: Sequence[torch.Tensor], rows: Sequence[int]) -> list[torch.Tensor]:
+    """The gradient rule: on rank r, the sum over ranks s of rank r's rows of ``upstream[s]``.
+
+    Summed in float64 (exact for the small integers drawn), cast to the dtype.
+    """
+    starts = _offsets(rows)
+    total = torch.stack([g.double() for g in upstream]).sum(0)
+    return [total[starts[r] : starts[r + 1]].to(upstream[0].dtype) for r in range(len(rows))]
+
+
+def _assert_same(got: Any, expected: torch.Tensor, what: str) -> None:
+    assert isinstance(got, torch.Tensor), f"{what}: got {got!r}, expected a tensor"
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype}, expected {expected.dtype}"
+    assert tuple(got.shape) == tuple(expected.shape), (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    )
+    assert ranks.same_bits(got, expected), f"{what}: values differ\ngot\n{got}\nexpected\n{expected}"
+
+
+def _error_rows(results: Sequence[tuple[str, str]]) -> str:
+    return "\n".join(f"  rank {r}: {kind}: {message}" for r, (kind, message) in enumerate(results))
+
+
+def _shape_and_dtype(
+    data: st.DataObject, dtypes: st.SearchStrategy[torch.dtype]
+) -> tuple[tuple[int, ...], torch.dtype]:
+    shape = data.draw(ds.shapes(), label="shape")
+    return shape, data.draw(dtypes, label="dtype")
+
+
+# --------------------------------------------------------------- core tier
+@check("gather.forward_matches_cat", tier="core", component="gather")
+def forward_matches_cat(world: WorldLike, impl: Implementation) -> None:
+    """all_gather_with_grad returns cat of every rank's input in rank order, bit-exact, dtype kept."""
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
+        layout = data.draw(ds.layouts(shape), label="layout")
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, values="bits"), label="inputs")
+        requires_grad = data.draw(st.booleans(), label="requires_grad")
+        results = world.run(ranks.forward, impl, inputs, layout, no_grad=False, requires_grad=requires_grad)
+        expected = torch.cat(inputs)
+        for r, result in enumerate(results):
+            _assert_same(result["out"], expected, f"rank {r}: all_gather_with_grad output")
+            assert result["requires_grad"] == requires_grad, (
+                f"rank {r}: output requires_grad is {result['requires_grad']} for an input with "
+                f"requires_grad={requires_grad}"
+            )
+
+    prop()
+
+
+@check("gather.no_grad_matches_cat_without_grad", tier="core", component="gather")
+def no_grad_matches_cat_without_grad(world: WorldLike, impl: Implementation) -> None:
+    """all_gather_no_grad returns the same cat for every dtype (ints, bool) and never requires grad."""
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.all_dtypes())
+        layout = data.draw(ds.layouts(shape), label="layout")
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        requires_grad = dtype.is_floating_point and data.draw(st.booleans(), label="requires_grad")
+        results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=requires_grad)
+        expected = torch.cat(inputs)
+        for r, result in enumerate(results):
+            _assert_same(result["out"], expected, f"rank {r}: all_gather_no_grad output")
+            assert not result["requires_grad"], f"rank {r}: all_gather_no_grad output requires grad"
+
+    prop()
+
+
+def _check_backward(world: WorldLike, impl: Implementation, data: st.DataObject, loss: str) -> None:
+    shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
+    layout = data.draw(ds.layouts(shape), label="layout")
+    inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+    out_shape = (world.size * shape[0], *shape[1:])
+    grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
+    grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
+    prefix = data.draw(st.integers(0, out_shape[0]), label="prefix") if loss == "prefix" else 0
+    results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
+    if loss == "sum":
+        upstream = [torch.ones(out_shape, dtype=dtype)] * world.size
+    elif loss == "twice":
+        upstream = [2 * g for g in grads]
+    elif loss == "prefix":
+        upstream = [torch.cat([g[:prefix], torch.zeros_like(g[prefix:])]) for g in grads]
+    else:
+        upstream = list(grads)
+    expected = _expected_grads(upstream, [shape[0]] * world.size)
+    for r, result in enumerate(results):
+        _assert_same(
+            result["grad"],
+            expected[r],
+            f"rank {r}: gradient of x for loss {loss!r} (expected: the sum over ranks of their "
+            f"upstream gradient rows {r * shape[0]}..{(r + 1) * shape[0] - 1})",
+        )
+
+
+@check("gather.backward_sums_rank_slices", tier="core", component="gather")
+def backward_sums_rank_slices(world: WorldLike, impl: Implementation) -> None:
+    """The gradient of x on rank r is the sum over ranks of their upstream rows for rank r, exactly."""
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        _check_backward(world, impl, data, data.draw(st.sampled_from(["direct", "weighted"]), label="loss"))
+
+    prop()
+
+
+@check("gather.backward_handles_sum_repeated_and_partial_losses", tier="core", component="gather")
+def backward_handles_sum_repeated_and_partial_losses(world: WorldLike, impl: Implementation) -> None:
+    """The gradient rule holds for out.sum(), an output used twice and a loss on some rows only."""
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        _check_backward(world, impl, data, data.draw(st.sampled_from(["sum", "twice", "prefix"]), label="loss"))
+
+    prop()
+
+
+def _tolerance(upstream: Sequence[torch.Tensor], rows: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Elementwise bound ``W * eps(dtype) * sum_s |g_s|`` on the rounding error of a W-term sum."""
+    magnitudes = _expected_grads([g.double().abs() for g in upstream], rows)
+    eps = torch.finfo(dtype).eps
+    return [len(upstream) * eps * m.double() + 1e-300 for m in magnitudes]
+
+
+@check("gather.float_grads_within_tolerance", tier="core", component="gather")
+def float_grads_within_tolerance(world: WorldLike, impl: Implementation) -> None:
+    """With non-integer upstream gradients, x.grad is the float64 sum within W * eps * sum|g| per element."""
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        out_shape = (world.size * shape[0], *shape[1:])
+        grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype, values="floats"), label="upstream grads")
+        results = world.run(ranks.backward, impl, inputs, "contiguous", grads, "contiguous", "direct")
+        rows = [shape[0]] * world.size
+        exact = [e.double() for e in _expected_grads([g.double() for g in grads], rows)]
+        bounds = _tolerance(grads, rows, dtype)
+        for r, result in enumerate(results):
+            got = result["grad"]
+            wanted = f"a {dtype} tensor of shape {tuple(exact[r].shape)}"
+            assert isinstance(got, torch.Tensor), f"rank {r}: gradient {got!r}, expected {wanted}"
+            assert got.dtype == dtype, f"rank {r}: gradient of dtype {got.dtype}, expected {wanted}"
+            assert got.shape == exact[r].shape, f"rank {r}: gradient of shape {tuple(got.shape)}, expected {wanted}"
+            error = (got.double() - exact[r]).abs()
+            assert bool((error <= bounds[r]).all()), (
+                f"rank {r}: gradient off by more than W * eps * sum|g| ({dtype})\n"
+                f"got\n{got}\nfloat64 reference\n{exact[r]}\nerror\n{error}\nbound\n{bounds[r]}"
+            )
+
+    prop()
+
+
+@check("gather.inputs_and_grads_not_modified", tier="core", component="gather")
+def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> None:
+    """Forward and backward leave the caller's input and the upstream gradient passed to backward unchanged."""
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
+        layout = data.draw(ds.layouts(shape), label="layout")
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        out_shape = (world.size * shape[0], *shape[1:])
+        grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
+        grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
+        results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, "direct")
+        for r, result in enumerate(results):
+            assert result["input_intact"], f"rank {r}: the caller's input was modified in place"
+            assert result["grad_intact"], (
+                f"rank {r}: the upstream gradient passed to out.backward(g) was modified in place"
+            )
+
+    prop()
+
+
+@check("gather.uninitialised_returns_input", tier="core", component="gather")
+def uninitialised_returns_input(world: WorldLike, impl: Implementation) -> None:
+    """Without a process group, all_gather_with_grad returns x itself and all_gather_no_grad x without grad."""
+    if dist.is_available() and dist.is_initialized():
+        raise NotSupported("needs a process without a process group (this one is a rank of a world)")
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.all_dtypes())
+        layout = data.draw(ds.layouts(shape), label="layout")
+        inputs = data.draw(ds.rank_tensors(1, shape, dtype), label="inputs")
+        result = ranks.alone(impl, inputs, layout)  # here, in the parent: no process group
+        _assert_not_gathered(result, inputs[0], "no process group")
+
+    prop()
+
+
+def _assert_not_gathered(result: dict[str, Any], x: torch.Tensor, where: str) -> None:
+    assert result["is_x"], f"{where}: all_gather_with_grad(x) did not return x itself"
+    _assert_same(result["no_grad_out"], x, f"{where}: all_gather_no_grad(x)")
+    assert not result["no_grad_rg"], f"{where}: all_gather_no_grad(x) requires grad"
+
+
+@check("gather.autograd_function_returns_rank_tuple", tier="core", component="gather")
+def autograd_function_returns_rank_tuple(world: WorldLike, impl: Implementation) -> None:
+    """_AllGatherWithGrad.apply(x) returns W tensors in rank order; backward follows the gradient rule."""
+    if not hasattr(impl.module("gather"), "_AllGatherWithGrad"):
+        raise NotSupported(f"{impl.gather} has no _AllGatherWithGrad")
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        out_shape = (world.size * shape[0], *shape[1:])
+        grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
+        results = world.run(ranks.autograd_function, impl, inputs, grads)
+        expected = _expected_grads(grads, [shape[0]] * world.size)
+        for r, result in enumerate(results):
+            parts = result["parts"]
+            assert len(parts) == world.size, f"rank {r}: {len(parts)} tensors for {world.size} ranks"
+            for i, part in enumerate(parts):
+                _assert_same(part, inputs[i], f"rank {r}: _AllGatherWithGrad part {i}")
+            _assert_same(result["grad"], expected[r], f"rank {r}: _AllGatherWithGrad gradient of x")
+
+    prop()
+
+
+# ----------------------------------------------------------- extended tier
+@check("gather.uneven_gathers_rows_in_rank_order", tier="extended", component="gather")
+def uneven_gathers_rows_in_rank_order(world: WorldLike, impl: Implementation) -> None:
+    """uneven=True gathers differing row counts in rank order; backward returns each rank its rows' sum."""
+    impl.require_gather_keyword("uneven")
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
+        rows = data.draw(ds.row_counts(world.size), label="rows")
+        layout = data.draw(ds.layouts(shape), label="layout")
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, rows=rows), label="inputs")
+        out_shape = (sum(rows), *shape[1:])
+        grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
+        results = world.run(ranks.uneven, impl, inputs, layout, grads)
+        expected_out = torch.cat(inputs)
+        expected = _expected_grads(grads, rows)
+        for r, result in enumerate(results):
+            _assert_same(result["out"], expected_out, f"rank {r}: all_gather_with_grad(uneven=True) output")
+            _assert_same(result["no_grad_out"], expected_out, f"rank {r}: all_gather_no_grad(uneven=True) output")
+            assert not result["no_grad_rg"], f"rank {r}: all_gather_no_grad(uneven=True) output requires grad"
+            _assert_same(result["grad"], expected[r], f"rank {r}: gradient of x with uneven=True (rows {rows})")
+
+    prop()
+
+
+@check("gather.uneven_mismatch_raises_on_every_rank", tier="extended", component="gather", min_world=2)
+def uneven_mismatch_raises_on_every_rank(world: WorldLike, impl: Implementation) -> None:
+    """uneven=True with differing trailing dims or dtypes raises ValueError naming the ranks, on every rank."""
+    impl.require_gather_keyword("uneven")
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        ndim = data.draw(st.integers(2, 3), label="ndim")
+        rows = data.draw(ds.row_counts(world.size), label="rows")
+        odd = data.draw(st.integers(0, world.size - 1), label="odd rank")
+        what = data.draw(st.sampled_from(["trailing dims", "dtype"]), label="mismatch")
+        trailing = (2,) * (ndim - 1)
+        inputs = []
+        for r, n in enumerate(rows):
+            dtype = torch.float64 if what == "dtype" and r == odd else torch.float32
+            shape = (n, *trailing[:-1], 3) if what == "trailing dims" and r == odd else (n, *trailing)
+            inputs.append(torch.zeros(shape, dtype=dtype))
+        function = data.draw(st.sampled_from(["with_grad", "no_grad"]), label="function")
+        results = world.run(ranks.raises, impl, inputs, function, uneven=True)
+        for r, (kind, message) in enumerate(results):
+            assert (kind, "rank" in message) == ("ValueError", True), (
+                f"rank {r}: expected ValueError naming the ranks for differing {what} "
+                f"(rank {odd} differs); each rank got:\n{_error_rows(results)}"
+            )
+
+    prop()
+
+
+@check("gather.group_uses_group_ranks", tier="extended", component="gather", min_world=3)
+def group_uses_group_ranks(world: WorldLike, impl: Implementation) -> None:
+    """With group=, output and gradient follow the group's ranks and size (world split in two groups)."""
+    impl.require_gather_keyword("group")
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        split = data.draw(st.integers(1, world.size - 1), label="first group size")
+        partition = [list(range(split)), list(range(split, world.size))]
+        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        grads: list[torch.Tensor] = []
+        for members in partition:
+            out_shape = (len(members) * shape[0], *shape[1:])
+            grads += data.draw(ds.upstream_grads(len(members), out_shape, dtype), label=f"grads of {members}")
+        results = world.run(ranks.grouped, impl, inputs, grads, partition)
+        for members in partition:
+            expected_out = torch.cat([inputs[m] for m in members])
+            expected = _expected_grads([grads[m] for m in members], [shape[0]] * len(members))
+            for position, r in enumerate(members):
+                where = f"rank {r} (group rank {position} of {members})"
+                _assert_same(results[r]["out"], expected_out, f"{where}: all_gather_with_grad output")
+                _assert_same(results[r]["no_grad_out"], expected_out, f"{where}: all_gather_no_grad output")
+                _assert_same(results[r]["grad"], expected[position], f"{where}: gradient of x")
+
+    prop()
+
+
+@check("gather.single_rank_returns_input", tier="extended", component="gather", min_world=1, max_world=1)
+def single_rank_returns_input(world: WorldLike, impl: Implementation) -> None:
+    """In a world of one rank, all_gather_with_grad returns x itself and all_gather_no_grad x without grad."""
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        shape, dtype = _shape_and_dtype(data, ds.all_dtypes())
+        layout = data.draw(ds.layouts(shape), label="layout")
+        inputs = data.draw(ds.rank_tensors(1, shape, dtype), label="inputs")
+        (result,) = world.run(ranks.alone, impl, inputs, layout)
+        _assert_not_gathered(result, inputs[0], "rank 0 of a world of 1")
+
+    prop()
+
+
+@check("gather.zero_dim_raises_on_every_rank", tier="extended", component="gather")
+def zero_dim_raises_on_every_rank(world: WorldLike, impl: Implementation) -> None:
+    """A 0-d input raises ValueError on every rank, with and without grad."""
+    for function in ("with_grad", "no_grad"):
+        inputs = [torch.tensor(float(r)) for r in range(world.size)]
+        results = world.run(ranks.raises, impl, inputs, function)
+        for r, (kind, _) in enumerate(results):
+            assert kind == "ValueError", (
+                f"rank {r}: all_gather_{function} of a 0-d tensor should raise ValueError; "
+                f"each rank got:\n{_error_rows(results)}"
+            )

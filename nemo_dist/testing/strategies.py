@@ -1,0 +1,201 @@
+"""Hypothesis strategies for distributed tensor tests: shapes, dtypes, layouts, per-rank data.
+
+Every strategy draws small examples (a few rows of a few columns) so that one
+example costs milliseconds in a persistent world. Values are drawn as small
+integer lists in the parent process and turned into CPU tensors; the tensors
+are pickled to the ranks, so a failing example shrinks in the parent. Layouts
+travel as names and are applied on the rank with :func:`apply_layout`.
+
+This module imports torch and hypothesis; ``nemo_dist.testing`` does not import
+it eagerly (use ``from nemo_dist.testing import strategies``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from hypothesis import strategies as st
+
+__all__ = [
+    "ALL_DTYPES",
+    "FLOAT_DTYPES",
+    "LAYOUTS",
+    "all_dtypes",
+    "apply_layout",
+    "float_dtypes",
+    "layouts",
+    "rank_tensors",
+    "row_counts",
+    "shapes",
+    "upstream_grads",
+]
+
+#: Float dtypes with autograd, simplest first (hypothesis shrinks toward the first).
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+#: Every dtype a gather must move: the float dtypes, then integers and bool.
+ALL_DTYPES: tuple[torch.dtype, ...] = (*FLOAT_DTYPES, torch.int64, torch.int32, torch.uint8, torch.bool)
+
+#: Memory layout names understood by :func:`apply_layout`, simplest first.
+LAYOUTS: tuple[str, ...] = ("contiguous", "transposed", "strided", "channels_last")
+
+Values = Literal["integers", "floats", "bits"]
+
+_SMALL_INT = 8  # |value| <= 8: exact in every float dtype, and so are sums of a few
+_BITS_DTYPE = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
+
+
+def shapes(
+    *, min_dims: int = 1, max_dims: int = 4, min_rows: int = 0, max_rows: int = 3, max_side: int = 3
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """Tensor shapes of ``min_dims``..``max_dims`` dims, dim 0 (rows) in ``min_rows``..``max_rows``.
+
+    Trailing dims are 1..``max_side`` so examples stay cheap. Shrinks toward fewer
+    dims, then fewer rows (zero rows when allowed), then trailing dims of 1.
+    """
+    if not 1 <= min_dims <= max_dims:
+        raise ValueError(f"shapes needs 1 <= min_dims <= max_dims, got {min_dims}, {max_dims}")
+    return st.tuples(
+        st.integers(min_rows, max_rows),
+        st.lists(st.integers(1, max_side), min_size=min_dims - 1, max_size=max_dims - 1),
+    ).map(lambda parts: (parts[0], *parts[1]))
+
+
+def float_dtypes() -> st.SearchStrategy[torch.dtype]:
+    """One of fp32, fp64, fp16, bf16; shrinks toward fp32."""
+    return st.sampled_from(FLOAT_DTYPES)
+
+
+def all_dtypes() -> st.SearchStrategy[torch.dtype]:
+    """A float dtype, int64, int32, uint8 or bool; shrinks toward fp32."""
+    return st.sampled_from(ALL_DTYPES)
+
+
+def _applicable(layout: str, shape: Sequence[int]) -> bool:
+    if layout == "transposed":
+        return len(shape) >= 2
+    if layout == "channels_last":
+        return len(shape) == 4
+    return layout in LAYOUTS
+
+
+def layouts(shape: Sequence[int]) -> st.SearchStrategy[str]:
+    """A layout name from :data:`LAYOUTS` that applies to ``shape``; shrinks toward "contiguous".
+
+    "transposed" needs 2+ dims and "channels_last" exactly 4.
+    """
+    return st.sampled_from([name for name in LAYOUTS if _applicable(name, shape)])
+
+
+def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
+    """A tensor equal to ``tensor`` (same shape, dtype, values) stored in ``layout``.
+
+    "contiguous" returns a contiguous copy; "transposed" a view whose first and
+    last dims are swapped in memory; "strided" every other element of a buffer
+    twice as long in the last dim; "channels_last" torch's channels-last format
+    (4-D only). The result is non-contiguous whenever the shape allows it (dims
+    of size 0 or 1 can make any layout contiguous). Raises ``ValueError`` for an
+    unknown layout or one that does not apply to the tensor's dims. The result
+    does not require grad; call ``requires_grad_()`` on it to make a leaf.
+    """
+    tensor = tensor.detach()
+    if not _applicable(layout, tensor.shape):
+        raise ValueError(
+            f"layout {layout!r} does not apply to a {tensor.dim()}-d tensor; "
+            f"choose one of {[n for n in LAYOUTS if _applicable(n, tensor.shape)]}"
+        )
+    if layout == "contiguous":
+        return tensor.contiguous().clone()
+    if layout == "transposed":
+        return tensor.transpose(0, -1).contiguous().transpose(0, -1)
+    if layout == "channels_last":
+        return tensor.contiguous(memory_format=torch.channels_last).clone()
+    buffer = torch.zeros((*tensor.shape[:-1], 2 * tensor.shape[-1]), dtype=tensor.dtype, device=tensor.device)
+    buffer[..., ::2] = tensor
+    return buffer[..., ::2]
+
+
+def _tensor_from_ints(values: list[int], shape: tuple[int, ...], dtype: torch.dtype, kind: Values) -> torch.Tensor:
+    if kind == "bits":
+        return torch.tensor(values, dtype=_BITS_DTYPE[dtype]).view(dtype).reshape(shape)
+    if kind == "floats":  # multiples of 1/1024: not integer-valued, still small
+        return (torch.tensor(values, dtype=torch.float64) / 1024).to(dtype).reshape(shape)
+    return torch.tensor(values, dtype=torch.int64).to(dtype).reshape(shape)
+
+
+def _element_strategy(dtype: torch.dtype, kind: Values) -> st.SearchStrategy[int]:
+    if kind == "bits":
+        if dtype not in _BITS_DTYPE:
+            raise ValueError(f"values='bits' needs a float dtype, got {dtype}")
+        bits = torch.iinfo(_BITS_DTYPE[dtype]).bits
+        return st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    if kind == "floats":
+        if not dtype.is_floating_point:
+            raise ValueError(f"values='floats' needs a float dtype, got {dtype}")
+        return st.integers(-4 * 1024, 4 * 1024)
+    if dtype == torch.bool:
+        return st.integers(0, 1)
+    if dtype == torch.uint8:
+        return st.integers(0, _SMALL_INT)
+    return st.integers(-_SMALL_INT, _SMALL_INT)
+
+
+@st.composite
+def rank_tensors(
+    draw: st.DrawFn,
+    world_size: int,
+    shape: tuple[int, ...],
+    dtype: torch.dtype = torch.float32,
+    *,
+    rows: Sequence[int] | None = None,
+    values: Values = "integers",
+) -> list[torch.Tensor]:
+    """One contiguous CPU tensor per rank (a list of ``world_size``), each of ``shape`` and ``dtype``.
+
+    ``rows`` (one count per rank) replaces dim 0 of ``shape`` per rank, for
+    ``uneven=True``. ``values``: "integers" (default) are integers in -8..8
+    (0..8 for uint8, 0/1 for bool), exact in every dtype, so sums of a few are
+    exact; "floats" are multiples of 1/1024 in [-4, 4], not integer-valued, for
+    tolerance checks; "bits" are any bit pattern of the float dtype (NaN, inf,
+    -0.0 included), for bit-exact copy checks. Shrinks toward all zeros.
+    """
+    per_rank = list(rows) if rows is not None else [shape[0]] * world_size
+    if len(per_rank) != world_size:
+        raise ValueError(f"rank_tensors: rows has {len(per_rank)} counts for {world_size} ranks")
+    elements = _element_strategy(dtype, values)
+    tensors = []
+    for n in per_rank:
+        rank_shape = (n, *shape[1:])
+        count = math.prod(rank_shape)
+        ints = draw(st.lists(elements, min_size=count, max_size=count))
+        tensors.append(_tensor_from_ints(ints, rank_shape, dtype, values))
+    return tensors
+
+
+def row_counts(world_size: int, *, max_rows: int = 3) -> st.SearchStrategy[list[int]]:
+    """Rows per rank for ``uneven=True``: ``world_size`` counts in 0..``max_rows``; shrinks toward zeros."""
+    return st.lists(st.integers(0, max_rows), min_size=world_size, max_size=world_size)
+
+
+def upstream_grads(
+    world_size: int,
+    out_shape: tuple[int, ...],
+    dtype: torch.dtype = torch.float32,
+    *,
+    values: Values = "integers",
+) -> st.SearchStrategy[list[torch.Tensor]]:
+    """Per-rank upstream gradients of a gathered output of ``out_shape``: a list of ``world_size``.
+
+    Each rank's gradient differs (the loss is asymmetric across ranks).
+    Integer-valued by default so the sums of the gradient rule are exact; see
+    :func:`rank_tensors` for ``values``. Shrinks toward all zeros.
+    """
+    return rank_tensors(world_size, out_shape, dtype, values=values)
