@@ -39,8 +39,7 @@ class RankFailure(WorldError):
         self.context = context
         size = f" of {world_size}" if world_size is not None else ""
         summary = "".join(
-            f"\n  {text.splitlines()[0] if text else f'rank {rank} failed'}"
-            for rank, text in self.failures.items()
+            f"\n  {text.splitlines()[0] if text else f'rank {rank} failed'}" for rank, text in self.failures.items()
         )
         head = f"{len(self.failures)}{size} rank(s) failed{context}:{summary}"
         body = "\n\n".join(text.rstrip() for text in self.failures.values())
@@ -77,10 +76,7 @@ class WorldTimeout(WorldError, TimeoutError):
             f"rank {_ranks_text(list(self.stacks))}{size} did not finish within "
             f"{deadline_s:g} s{context}; stacks of the unfinished ranks follow"
         )
-        body = "\n\n".join(
-            f"--- rank {rank} stack ---\n{text.rstrip()}"
-            for rank, text in self.stacks.items()
-        )
+        body = "\n\n".join(f"--- rank {rank} stack ---\n{text.rstrip()}" for rank, text in self.stacks.items())
         super().__init__(f"{head}\n\n{body}")
 
     def __reduce__(self) -> tuple[Any, ...]:

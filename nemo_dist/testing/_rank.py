@@ -60,11 +60,11 @@ def _answer(seq: int, rank: int, blob: bytes) -> bytes:
     try:
         fn, args, kwargs = pickle.loads(blob)
         value: Any = fn(*args, **kwargs)
-    except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
+    except BaseException as exc:
         return pickle.dumps(_raised(seq, rank, exc), pickle.HIGHEST_PROTOCOL)
     try:
         return pickle.dumps(Returned(seq, rank, value), pickle.HIGHEST_PROTOCOL)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         reply = _raised(seq, rank, exc)
         reply = Raised(
             seq,
@@ -84,9 +84,7 @@ def _join(init: Init) -> None:
     if init.backend == "nccl":
         torch.cuda.set_device(init.rank % torch.cuda.device_count())
     timeout = datetime.timedelta(seconds=init.pg_timeout_s)
-    store = dist.TCPStore(
-        "127.0.0.1", init.store_port, is_master=False, timeout=timeout
-    )
+    store = dist.TCPStore("127.0.0.1", init.store_port, is_master=False, timeout=timeout)
     dist.init_process_group(
         init.backend,
         store=store,
@@ -117,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     _set_path(init.sys_path)
     try:
         _join(init)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         conn.send(_raised(-1, init.rank, exc))
         return 1
     conn.send(Ready(init.rank))

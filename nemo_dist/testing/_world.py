@@ -12,6 +12,7 @@ load time.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 import pickle
@@ -103,14 +104,10 @@ def _describe(fn: Any) -> str:
     return f"{module}.{qualname}" if module else qualname
 
 
-def _pickle_call(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> bytes:
+def _pickle_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     """Pickle ``(fn, args, kwargs)`` or raise FunctionNotPicklable saying why."""
     if not callable(fn):
-        raise TypeError(
-            f"World.run expects a callable as fn, got {type(fn).__name__}: {fn!r}"
-        )
+        raise TypeError(f"World.run expects a callable as fn, got {type(fn).__name__}: {fn!r}")
     qualname = getattr(fn, "__qualname__", "")
     name = _describe(fn)
     remedy = (
@@ -126,7 +123,7 @@ def _pickle_call(
     except Exception as exc:
         try:
             pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - any pickling error means fn is the culprit
+        except Exception:
             raise FunctionNotPicklable(
                 f"cannot send {name} to the ranks ({type(exc).__name__}: {exc}): {remedy}"
             ) from exc
@@ -160,22 +157,14 @@ class World:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"World size must be an int >= 1, got {size!r}")
         if not isinstance(backend, str) or not backend:
-            raise ValueError(
-                f"World backend must be a backend name such as 'gloo', got {backend!r}"
-            )
+            raise ValueError(f"World backend must be a backend name such as 'gloo', got {backend!r}")
         for label, value in (
             ("timeout", timeout),
             ("grace", grace),
             ("startup_timeout", startup_timeout),
         ):
-            if (
-                not isinstance(value, (int, float))
-                or isinstance(value, bool)
-                or not value > 0
-            ):
-                raise ValueError(
-                    f"World {label} must be a number of seconds > 0, got {value!r}"
-                )
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"World {label} must be a number of seconds > 0, got {value!r}")
         self._size = size
         self._backend = backend
         self._timeout = float(timeout)
@@ -183,9 +172,7 @@ class World:
         self._startup_timeout = float(startup_timeout)
         # Children's process-group timeout outlives any parent deadline, so the
         # parent reports first.
-        self._pg_timeout = max(
-            2 * self._timeout, self._timeout + 60.0, self._startup_timeout
-        )
+        self._pg_timeout = max(2 * self._timeout, self._timeout + 60.0, self._startup_timeout)
         self._ranks: list[_Rank] = []
         self._store: Any = None
         self._tmpdir: Path | None = None
@@ -209,6 +196,11 @@ class World:
     def timeout(self) -> float:
         """Default deadline of one :meth:`run`, in seconds."""
         return self._timeout
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
 
     @property
     def pids(self) -> list[int]:
@@ -241,9 +233,7 @@ class World:
         """
         return self.run_with_deadline(self._timeout, fn, *args, **kwargs)
 
-    def run_with_deadline(
-        self, deadline_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
-    ) -> list[Any]:
+    def run_with_deadline(self, deadline_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
         """Like :meth:`run`, but with a deadline of ``deadline_s`` seconds for this call.
 
         The ranks' process-group timeout is fixed at start (longer than the
@@ -319,9 +309,7 @@ class World:
         )
         if sys.platform.startswith("linux"):
             env["GLOO_SOCKET_IFNAME"] = "lo"
-        env["PYTHONPATH"] = os.pathsep.join(
-            [_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])]
-        )
+        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         stderr_path = self._tmpdir / f"rank{rank}.stderr"
         stack_path = self._tmpdir / f"rank{rank}.stack"
         ours, theirs = socket.socketpair()
@@ -359,14 +347,10 @@ class World:
         return handle
 
     def _await_ready(self) -> None:
-        replies, deaths, pending, timed_out = self._gather(
-            _STARTUP_SEQ, self._startup_timeout
-        )
+        replies, deaths, pending, timed_out = self._gather(_STARTUP_SEQ, self._startup_timeout)
         context = f" while starting a {self._backend} world of {self._size}"
         if timed_out:
-            raise WorldTimeout(
-                self._startup_timeout, self._dump(pending), self._size, context
-            )
+            raise WorldTimeout(self._startup_timeout, self._dump(pending), self._size, context)
         failures = self._failures(replies, deaths, pending)
         if failures:
             raise RankFailure(failures, {}, self._size, context)
@@ -375,10 +359,8 @@ class World:
         ranks, self._ranks = self._ranks, []
         if graceful:
             for r in ranks:
-                try:
+                with contextlib.suppress(OSError):
                     r.conn.send(_protocol.EXIT)
-                except OSError:
-                    pass
             self._wait_exit(ranks, _KILL_AFTER_S)
         for r in ranks:
             if r.proc.poll() is None:
@@ -405,25 +387,17 @@ class World:
             path = self._sent_path = list(sys.path)
         msg = pickle.dumps((_protocol.CALL, seq, blob, path), pickle.HIGHEST_PROTOCOL)
         for r in self._ranks:
-            try:
+            with contextlib.suppress(OSError):  # a dead rank is reported by _gather
                 r.conn.send_bytes(msg)
-            except OSError:
-                pass  # the rank is dead; _gather reports it
         replies, deaths, pending, timed_out = self._gather(seq, deadline_s)
         if timed_out:
             stacks = self._dump(pending)
             self._replace()
             raise WorldTimeout(deadline_s, stacks, self._size, f" running {name}")
-        if (
-            not deaths
-            and not pending
-            and all(isinstance(m, _protocol.Returned) for m in replies.values())
-        ):
+        if not deaths and not pending and all(isinstance(m, _protocol.Returned) for m in replies.values()):
             return [replies[r].value for r in range(self._size)]
         failures = self._failures(replies, deaths, pending)
-        returned = {
-            r: m.value for r, m in replies.items() if isinstance(m, _protocol.Returned)
-        }
+        returned = {r: m.value for r, m in replies.items() if isinstance(m, _protocol.Returned)}
         if deaths or pending or not self._verify():
             self._replace()
         raise RankFailure(failures, returned, self._size, f" running {name}")
@@ -440,15 +414,9 @@ class World:
             except OSError:
                 return False
         replies, deaths, pending, _ = self._gather(seq, _VERIFY_DEADLINE_S)
-        return (
-            not deaths
-            and not pending
-            and all(isinstance(m, _protocol.Returned) for m in replies.values())
-        )
+        return not deaths and not pending and all(isinstance(m, _protocol.Returned) for m in replies.values())
 
-    def _gather(
-        self, seq: int, deadline_s: float
-    ) -> tuple[dict[int, Any], dict[int, str], set[int], bool]:
+    def _gather(self, seq: int, deadline_s: float) -> tuple[dict[int, Any], dict[int, str], set[int], bool]:
         """Collect one answer per rank for call ``seq``.
 
         Returns ``(replies, deaths, pending, timed_out)``: the answers by rank,
@@ -483,9 +451,7 @@ class World:
         timed_out = bool(pending) and grace_end is None
         return replies, deaths, pending, timed_out
 
-    def _receive(
-        self, r: _Rank, seq: int, replies: dict[int, Any], deaths: dict[int, str]
-    ) -> bool:
+    def _receive(self, r: _Rank, seq: int, replies: dict[int, Any], deaths: dict[int, str]) -> bool:
         """Read what rank ``r`` has to say; return True if it failed."""
         eof = False
         while True:
@@ -496,7 +462,7 @@ class World:
             except (EOFError, OSError):
                 eof = True
                 break
-            except Exception as exc:  # noqa: BLE001 - the reply could not be unpickled here
+            except Exception as exc:
                 replies[r.rank] = _protocol.Raised(
                     seq,
                     r.rank,
@@ -512,11 +478,7 @@ class World:
                 continue  # a late answer to an earlier call
             replies[r.rank] = msg
             return isinstance(msg, _protocol.Raised)
-        if (
-            eof
-            or r.proc.poll() is not None
-            or (r.pidfd is not None and wait([r.pidfd], 0))
-        ):
+        if eof or r.proc.poll() is not None or (r.pidfd is not None and wait([r.pidfd], 0)):
             # EOF or exit: the process is gone (or going).
             self._wait_exit([r], _KILL_AFTER_S)
             if r.proc.poll() is None:
@@ -531,15 +493,11 @@ class World:
         text = f"rank {r.rank} died: {_exit_text(code)}"
         return f"{text}\n--- rank {r.rank} stderr (tail) ---\n{tail}" if tail else text
 
-    def _failures(
-        self, replies: dict[int, Any], deaths: dict[int, str], pending: set[int]
-    ) -> dict[int, str]:
+    def _failures(self, replies: dict[int, Any], deaths: dict[int, str], pending: set[int]) -> dict[int, str]:
         failures: dict[int, str] = dict(deaths)
         for rank, msg in replies.items():
             if isinstance(msg, _protocol.Raised):
-                failures[rank] = (
-                    f"rank {rank} raised {msg.exc_type}: {msg.message}\n{msg.traceback}"
-                )
+                failures[rank] = f"rank {rank} raised {msg.exc_type}: {msg.message}\n{msg.traceback}"
         if pending:
             stacks = self._dump(pending)
             for rank in pending:
@@ -587,9 +545,7 @@ class World:
                 stack = ""
             if not stack:
                 stack = "(no stack was dumped" + (
-                    f"; killed with SIGKILL after {_KILL_AFTER_S:g} s)"
-                    if killed
-                    else ")"
+                    f"; killed with SIGKILL after {_KILL_AFTER_S:g} s)" if killed else ")"
                 )
             tail = _tail(r.stderr_path, 1500).rstrip()
             if tail:

@@ -1,5 +1,262 @@
-"""pytest plugin of nemo_dist (work in progress: fixtures follow)."""
+"""pytest plugin of nemo_dist: persistent worlds, markers, options, profiles.
+
+Registered through the ``pytest11`` entry point ``nemo_dist``. It adds
+
+* options ``--dist-world-sizes=1,2,3,4`` (world sizes of ``dist_world`` tests)
+  and ``--dist-timeout=SECONDS`` (default deadline of one ``World.run``);
+* markers ``gpu`` (NCCL worlds on CUDA; skipped without enough GPUs) and
+  ``world_sizes(*sizes)`` (restrict a test's world sizes);
+* fixtures ``world_factory`` (session: ``(size, backend="gloo") -> World``,
+  cached) and ``dist_world`` (a World, the test parametrized over sizes as
+  ``w1``, ``w2``...);
+* hypothesis profiles ``ci`` (default), ``dev``, ``thorough``.
+
+Tests using ``dist_world`` are marked ``xdist_group`` per (backend, size), so
+``pytest -n auto --dist loadgroup`` keeps each world in one xdist worker. This
+module imports no torch at load time (only inside fixtures and GPU checks).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from nemo_dist.testing import profiles
+
+if TYPE_CHECKING:
+    from nemo_dist.testing._world import World
+
+__all__ = ["WorldFactory"]
+
+_DEFAULT_SIZES = "1,2,3,4"
+_DEFAULT_TIMEOUT = "120"
+_SIZES_KEY = pytest.StashKey[tuple[int, ...]]()
+_TIMEOUT_KEY = pytest.StashKey[float]()
+_CUDA_COUNT: list[int] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the ``--dist-*`` options."""
+    group = parser.getgroup("nemo_dist", "nemo_dist distributed worlds")
+    group.addoption(
+        "--dist-world-sizes",
+        dest="dist_world_sizes",
+        default=_DEFAULT_SIZES,
+        metavar="SIZES",
+        help=f"comma-separated world sizes that dist_world tests run in (default {_DEFAULT_SIZES})",
+    )
+    group.addoption(
+        "--dist-timeout",
+        dest="dist_timeout",
+        default=_DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="default deadline of one World.run, after which hung ranks are "
+        f"dumped and the world replaced (default {_DEFAULT_TIMEOUT})",
+    )
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    sizes: list[int] = []
+    for part in str(text).split(","):
+        try:
+            size = int(part.strip())
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise pytest.UsageError(
+                "--dist-world-sizes expects a comma-separated list of world sizes "
+                f">= 1, such as --dist-world-sizes=1,2,4; got {text!r}"
+            )
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def _parse_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise pytest.UsageError(
+            f"--dist-timeout expects a number of seconds > 0, such as --dist-timeout=120; got {text!r}"
+        )
+    return value
+
+
+def _load_profile(config: pytest.Config) -> None:
+    try:
+        from hypothesis import settings
+        from hypothesis.errors import InvalidArgument
+    except ImportError:  # pragma: no cover - hypothesis is a test extra
+        return
+    profiles.register_profiles()
+    try:
+        option = config.getoption("--hypothesis-profile")
+    except ValueError:  # pragma: no cover - hypothesis plugin disabled
+        option = None
+    if option:
+        return  # hypothesis's own plugin loads it
+    name = os.environ.get("HYPOTHESIS_PROFILE") or profiles.DEFAULT_PROFILE
+    try:
+        settings.get_profile(name)  # check first: a failed load_profile leaves state behind
+    except InvalidArgument:
+        raise pytest.UsageError(
+            f"HYPOTHESIS_PROFILE={name!r} is not a registered hypothesis profile; "
+            f"use one of {', '.join(profiles.PROFILES)}"
+        ) from None
+    settings.load_profile(name)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare markers, validate options, choose the hypothesis profile."""
+    config.addinivalue_line(
+        "markers",
+        "gpu: runs in NCCL worlds on CUDA; skipped without CUDA or enough GPUs",
+    )
+    config.addinivalue_line(
+        "markers",
+        "world_sizes(*sizes): restrict a dist_world test to these world sizes (intersected with --dist-world-sizes)",
+    )
+    config.stash[_SIZES_KEY] = _parse_sizes(config.getoption("dist_world_sizes"))
+    config.stash[_TIMEOUT_KEY] = _parse_timeout(config.getoption("dist_timeout"))
+    _load_profile(config)
+
+
+def _marker_sizes(marker: pytest.Mark, nodeid: str) -> set[int]:
+    sizes = marker.args
+    if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
+        raise ValueError(
+            f"{nodeid}: world_sizes expects one or more ints >= 1, such as "
+            f"@pytest.mark.world_sizes(2, 4); got {sizes!r}"
+        )
+    return set(sizes)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``dist_world`` over the selected world sizes."""
+    if "dist_world" not in metafunc.fixturenames:
+        return
+    definition = metafunc.definition
+    sizes = metafunc.config.stash[_SIZES_KEY]
+    marker = definition.get_closest_marker("world_sizes")
+    if marker is not None:
+        allowed = _marker_sizes(marker, definition.nodeid)
+        selected = [s for s in sizes if s in allowed]
+    else:
+        allowed, selected = set(), list(sizes)
+    backend = "nccl" if definition.get_closest_marker("gpu") else "gloo"
+    if selected:
+        metafunc.parametrize(
+            "dist_world",
+            [(s, backend) for s in selected],
+            ids=[f"w{s}" for s in selected],
+            indirect=True,
+            scope="session",
+        )
+        return
+    reason = (
+        f"no world size left: world_sizes{tuple(sorted(allowed))} and "
+        f"--dist-world-sizes={','.join(map(str, sizes))} do not intersect"
+    )
+    metafunc.parametrize(
+        "dist_world",
+        [pytest.param((0, backend), marks=pytest.mark.skip(reason=reason), id="w-none")],
+        indirect=True,
+        scope="session",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group ``dist_world`` tests per (backend, size) for ``--dist loadgroup``."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        param = callspec.params.get("dist_world") if callspec is not None else None
+        if param is None:
+            continue
+        size, backend = param
+        item.add_marker(pytest.mark.xdist_group(name=f"nemo_dist_{backend}_w{size}"))
+
+
+def _cuda_count() -> int:
+    if not _CUDA_COUNT:
+        import torch
+
+        _CUDA_COUNT.append(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return _CUDA_COUNT[0]
+
+
+def _require_gpus(size: int) -> None:
+    count = _cuda_count()
+    if count == 0:
+        pytest.skip("gpu test: CUDA is not available (torch.cuda.is_available() is False)")
+    if count < size:
+        pytest.skip(f"gpu test: an NCCL world of {size} needs {size} GPUs, {count} visible")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip ``gpu`` tests, with the reason, where CUDA is missing."""
+    if item.get_closest_marker("gpu") is not None and _cuda_count() == 0:
+        pytest.skip("gpu test: CUDA is not available (torch.cuda.is_available() is False)")
+
+
+class WorldFactory:
+    """Session cache of Worlds: ``factory(size, backend="gloo") -> World``.
+
+    A World is started once per (size, backend) and reused by every later
+    call; :meth:`close` closes them all. For backend "nccl" the call skips the
+    test when CUDA or ``size`` GPUs are missing.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._worlds: dict[tuple[int, str], World] = {}
+
+    def __call__(self, size: int, backend: str = "gloo") -> World:
+        """Return the session's World of ``size`` ranks on ``backend``."""
+        from nemo_dist.testing._world import World
+
+        if backend == "nccl":
+            _require_gpus(size)
+        key = (size, backend)
+        world = self._worlds.get(key)
+        if world is None or world.closed:
+            world = self._worlds[key] = World(size, backend, self._timeout)
+        return world
+
+    def close(self) -> None:
+        """Close every World this factory started."""
+        worlds, self._worlds = list(self._worlds.values()), {}
+        for world in worlds:
+            world.close()
+
+
+@pytest.fixture(scope="session")
+def world_factory(pytestconfig: pytest.Config) -> Iterator[WorldFactory]:
+    """Session-wide ``(size, backend="gloo") -> World`` factory, closed at session end."""
+    factory = WorldFactory(pytestconfig.stash[_TIMEOUT_KEY])
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="session")
+def dist_world(request: pytest.FixtureRequest, world_factory: WorldFactory) -> World:
+    """The persistent World of this test's parameter (``w2``: 2 gloo ranks).
+
+    Backend "nccl" for tests marked ``gpu``, else "gloo".
+    """
+    param = getattr(request, "param", None)
+    if param is None:
+        raise pytest.UsageError(
+            "dist_world is parametrized by the nemo_dist plugin; request it as a "
+            "test argument, or use world_factory(size) elsewhere"
+        )
+    size, backend = param
+    return world_factory(size, backend)

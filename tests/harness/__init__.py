@@ -1,0 +1,1 @@
+"""Tests of the multi-process harness (nemo_dist.testing)."""

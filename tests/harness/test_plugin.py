@@ -1,0 +1,207 @@
+"""Harness layer 2 (pytest plugin through pytester): fixtures, markers, options, profiles.
+
+Each test writes a small test file, runs pytest on it in-process (or in a
+subprocess where a fresh interpreter matters) and matches the outcome lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+# pytester's in-process runs restore sys.modules afterwards: torch must be
+# imported out here first, or an inner run's import is dropped and the next
+# one re-imports torch into the same process, which crashes it.
+import torch
+
+_RANK_FILE = """
+import pytest
+import torch.distributed as dist
+
+def rank_and_size():
+    return dist.get_rank(), dist.get_world_size()
+
+def test_ranks(dist_world):
+    size = dist_world.size
+    assert dist_world.run(rank_and_size) == [(r, size) for r in range(size)]
+
+@pytest.mark.world_sizes(2, 3)
+def test_restricted(dist_world):
+    assert dist_world.size in (2, 3)
+
+@pytest.mark.world_sizes(7)
+def test_nothing_left(dist_world):
+    raise AssertionError("must not run")
+
+def test_factory(world_factory):
+    assert world_factory(2) is world_factory(2)
+    assert world_factory(2).run(rank_and_size) == [(0, 2), (1, 2)]
+"""
+
+
+@pytest.fixture
+def keep_hypothesis_profile() -> Iterator[None]:
+    """Restore the outer session's hypothesis profile after an in-process run."""
+    from hypothesis import settings
+
+    name = settings.get_current_profile_name()
+    yield
+    settings.load_profile(name)
+
+
+@pytest.mark.usefixtures("keep_hypothesis_profile")
+def test_dist_world_is_parametrized_by_selected_sizes(pytester: pytest.Pytester) -> None:
+    """dist_world runs per --dist-world-sizes, intersected with world_sizes; empty -> skip."""
+    pytester.makepyfile(test_ranks=_RANK_FILE)
+    result = pytester.runpytest("--dist-world-sizes=1,2", "-v", "-rs", "--strict-markers")
+    result.stdout.fnmatch_lines_random(
+        [
+            "*test_ranks[[]w1[]] PASSED*",
+            "*test_ranks[[]w2[]] PASSED*",
+            "*test_restricted[[]w2[]] PASSED*",
+            "*test_factory PASSED*",
+            "*no world size left: world_sizes(7,) and --dist-world-sizes=1,2 do not intersect*",
+        ]
+    )
+    result.assert_outcomes(passed=4, skipped=1)
+    assert "test_restricted[w1]" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dist-world-sizes=1,x"], "*--dist-world-sizes expects a comma-separated list*got '1,x'*"),
+        (["--dist-world-sizes=0"], "*--dist-world-sizes expects*such as --dist-world-sizes=1,2,4*"),
+        (["--dist-timeout=soon"], "*--dist-timeout expects a number of seconds > 0*got 'soon'*"),
+        (["--dist-timeout=-3"], "*--dist-timeout expects a number of seconds > 0*"),
+    ],
+    ids=["sizes-not-int", "sizes-zero", "timeout-not-number", "timeout-negative"],
+)
+def test_malformed_option_is_a_usage_error(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    """A malformed --dist-* option stops pytest with a UsageError saying the fix."""
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+@pytest.mark.usefixtures("keep_hypothesis_profile")
+def test_gpu_tests_skip_with_a_reason_without_cuda(pytester: pytest.Pytester) -> None:
+    """gpu-marked tests (with or without dist_world) skip on a CPU machine, never fail."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpu
+        def test_plain():
+            raise AssertionError("must not run")
+
+        @pytest.mark.gpu
+        def test_world(dist_world):
+            raise AssertionError("must not run")
+        """
+    )
+    result = pytester.runpytest("--dist-world-sizes=2", "-rs", "--strict-markers")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*gpu test: CUDA is not available*"])
+
+
+_PROFILE_FILE = """
+from hypothesis import settings
+
+def test_profile():
+    print("PROFILE", settings.get_current_profile_name(), settings.default.max_examples)
+"""
+
+
+@pytest.mark.usefixtures("keep_hypothesis_profile")
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ([], None, "PROFILE ci 25"),
+        (["--hypothesis-profile=thorough"], None, "PROFILE thorough 500"),
+        ([], "dev", "PROFILE dev 50"),
+        (["--hypothesis-profile=thorough"], "dev", "PROFILE thorough 500"),
+    ],
+    ids=["default-ci", "option", "env", "option-beats-env"],
+)
+def test_hypothesis_profile_choice(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    env: str | None,
+    expected: str,
+) -> None:
+    """ci by default; HYPOTHESIS_PROFILE or --hypothesis-profile win, the option first."""
+    if env is None:
+        monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    else:
+        monkeypatch.setenv("HYPOTHESIS_PROFILE", env)
+    pytester.makepyfile(test_profile=_PROFILE_FILE)
+    result = pytester.runpytest("-s", *args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*{expected}*"])
+
+
+@pytest.mark.usefixtures("keep_hypothesis_profile")
+def test_unknown_profile_in_env_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HYPOTHESIS_PROFILE naming no profile stops pytest, listing the valid names."""
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "nightly-typo")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*'nightly-typo' is not a registered*ci, dev, thorough*"])
+
+
+_SHRINK_FILE = """
+import pytest
+import torch.distributed as dist
+from hypothesis import given, strategies as st
+
+def check(values):
+    mine = values[dist.get_rank()]
+    assert mine <= 10, f"rank {dist.get_rank()} got {mine}"
+
+@pytest.mark.world_sizes(2)
+@given(values=st.lists(st.integers(0, 1000), min_size=2, max_size=2))
+def test_property(dist_world, values):
+    dist_world.run(check, values)
+"""
+
+
+@pytest.mark.usefixtures("keep_hypothesis_profile")
+def test_hypothesis_shrinks_a_failure_across_ranks(pytester: pytest.Pytester) -> None:
+    """A per-rank property failure shrinks to the minimal example through the World."""
+    pytester.makepyfile(test_shrink=_SHRINK_FILE)
+    result = pytester.runpytest("--dist-world-sizes=2", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert re.search(r"Falsifying example|Failing test case", out), out
+    assert re.search(r"values=\[(0, 11|11, 0)\]", out), out
+    assert re.search(r"rank \d raised AssertionError: rank \d got 11", out)
+
+
+_GROUP_FILE = """
+import pytest
+
+@pytest.mark.world_sizes(1, 2)
+def test_group(request, dist_world):
+    mark = request.node.get_closest_marker("xdist_group")
+    assert mark.kwargs == {"name": f"nemo_dist_gloo_w{dist_world.size}"}
+
+def test_plain(request):
+    assert request.node.get_closest_marker("xdist_group") is None
+"""
+
+
+@pytest.mark.usefixtures("keep_hypothesis_profile")
+def test_dist_world_tests_get_one_xdist_group_per_world(pytester: pytest.Pytester) -> None:
+    """dist_world tests are marked xdist_group per (backend, size) for --dist loadgroup."""
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_group=_GROUP_FILE)
+    result = pytester.runpytest("--dist-world-sizes=1,2", "--strict-markers")
+    result.assert_outcomes(passed=3)
