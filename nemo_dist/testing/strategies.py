@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from hypothesis import strategies as st
@@ -123,20 +123,28 @@ def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
     return buffer[..., ::2]
 
 
-def _tensor_from_ints(values: list[int], shape: tuple[int, ...], dtype: torch.dtype, kind: Values) -> torch.Tensor:
-    if kind == "bits":
-        return torch.tensor(values, dtype=_BITS_DTYPE[dtype]).view(dtype).reshape(shape)
+def _tensor_from_ints(values: list[Any], shape: tuple[int, ...], dtype: torch.dtype, kind: Values) -> torch.Tensor:
+    if kind == "bits":  # (is_bit_pattern, int) pairs: small integer values or raw bit patterns
+        bits_dtype = _BITS_DTYPE[dtype]
+        raw = torch.tensor([v for _, v in values], dtype=torch.int64)
+        as_value = raw.to(dtype).view(bits_dtype)
+        as_bits = raw.to(bits_dtype)
+        is_bits = torch.tensor([b for b, _ in values], dtype=torch.bool)
+        return torch.where(is_bits, as_bits, as_value).view(dtype).reshape(shape)
     if kind == "floats":  # multiples of 1/1024: not integer-valued, still small
         return (torch.tensor(values, dtype=torch.float64) / 1024).to(dtype).reshape(shape)
     return torch.tensor(values, dtype=torch.int64).to(dtype).reshape(shape)
 
 
-def _element_strategy(dtype: torch.dtype, kind: Values) -> st.SearchStrategy[int]:
+def _element_strategy(dtype: torch.dtype, kind: Values) -> st.SearchStrategy[Any]:
     if kind == "bits":
         if dtype not in _BITS_DTYPE:
             raise ValueError(f"values='bits' needs a float dtype, got {dtype}")
         bits = torch.iinfo(_BITS_DTYPE[dtype]).bits
-        return st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        return st.one_of(
+            st.tuples(st.just(False), st.integers(-_SMALL_INT, _SMALL_INT)),
+            st.tuples(st.just(True), st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)),
+        )
     if kind == "floats":
         if not dtype.is_floating_point:
             raise ValueError(f"values='floats' needs a float dtype, got {dtype}")
@@ -164,8 +172,9 @@ def rank_tensors(
     ``uneven=True``. ``values``: "integers" (default) are integers in -8..8
     (0..8 for uint8, 0/1 for bool), exact in every dtype, so sums of a few are
     exact; "floats" are multiples of 1/1024 in [-4, 4], not integer-valued, for
-    tolerance checks; "bits" are any bit pattern of the float dtype (NaN, inf,
-    -0.0 included), for bit-exact copy checks. Shrinks toward all zeros.
+    tolerance checks; "bits" mixes small integers with any bit pattern of the
+    float dtype (NaN, inf, -0.0, subnormals), for bit-exact copy checks, and
+    shrinks toward the small integers. Shrinks toward all zeros.
     """
     per_rank = list(rows) if rows is not None else [shape[0]] * world_size
     if len(per_rank) != world_size:
