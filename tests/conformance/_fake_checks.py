@@ -1,0 +1,77 @@
+"""Fake conformance checks that exercise the runner: pass, fail under hypothesis, not supported, crash.
+
+They are plain ``Check`` objects, not registered in ``CHECKS``; rank-side
+functions are module-level so a World can run them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
+
+__all__ = ["CRASHING", "FAILING", "NOT_SUPPORTED", "NOT_SUPPORTED_ON_RANKS", "PASSING", "SIZE_TWO_ONLY"]
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def _plus_rank(x: int) -> int:
+    return x + _rank()
+
+
+def _raise_not_supported() -> None:
+    raise NotSupported("this fork takes no uneven= keyword")
+
+
+def _die_on_last_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == dist.get_world_size() - 1:
+        os._exit(3)
+    return 0
+
+
+def _passing(world: WorldLike, impl: Implementation) -> None:
+    """Every rank reports its own rank number."""
+    assert world.run(_rank) == list(range(world.size))
+
+
+def _failing(world: WorldLike, impl: Implementation) -> None:
+    """Every rank returns the drawn number unchanged (false on rank 1 and up)."""
+
+    @given(st.integers(min_value=0, max_value=1000))
+    def prop(x: int) -> None:
+        results = world.run(_plus_rank, x)
+        assert results == [x] * world.size, f"per-rank results {results} differ from {x}"
+
+    prop()
+
+
+def _not_supported(world: WorldLike, impl: Implementation) -> None:
+    """The parent finds the feature missing."""
+    raise NotSupported("this fork takes no group= keyword")
+
+
+def _not_supported_on_ranks(world: WorldLike, impl: Implementation) -> None:
+    """Every rank finds the feature missing."""
+    world.run(_raise_not_supported)
+
+
+def _crashing(world: WorldLike, impl: Implementation) -> None:
+    """The last rank dies with exit code 3."""
+    world.run(_die_on_last_rank)
+
+
+PASSING = Check("fake.passes", "core", "gather", _passing)
+FAILING = Check("fake.fails_under_hypothesis", "core", "gather", _failing, min_world=2)
+NOT_SUPPORTED = Check("fake.not_supported", "extended", "gather", _not_supported)
+NOT_SUPPORTED_ON_RANKS = Check("fake.not_supported_on_ranks", "extended", "gather", _not_supported_on_ranks)
+CRASHING = Check("fake.crashes", "core", "ddp", _crashing)
+SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)

@@ -1,0 +1,142 @@
+"""Layer 0: no processes. The verdict table, JUnit XML, exit codes and check selection, on hand-made verdicts."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from nemo_dist.conformance import REFERENCE, Check, Implementation, NotSupported, Report, Verdict, select_checks
+from nemo_dist.conformance._report import format_report, write_junit_xml
+from nemo_dist.conformance._runner import is_not_supported
+from nemo_dist.testing import RankFailure
+
+
+def _verdict(check: str, outcome: str, tier: str = "core", size: int = 2, **kw: str) -> Verdict:
+    return Verdict(check, "gather", tier, size, outcome, 0.5, **kw)  # type: ignore[arg-type]
+
+
+def _report(*verdicts: Verdict) -> Report:
+    return Report(tuple(verdicts), REFERENCE, "gloo", "all", 5, 1.0)
+
+
+FAIL = _verdict(
+    "gather.forward",
+    "fail",
+    message="AssertionError: rank 0: shape (2,), expected (3,)\n" + "\n".join(f"line {i}" for i in range(30)),
+    example="Failing test case: prop(\n    x=0,\n)",
+)
+
+
+def test_table_has_a_row_per_check_and_size_ordered_by_check() -> None:
+    """Rows come in check order then size, each with tier, verdict and time."""
+    report = _report(_verdict("b.second", "pass", size=2), _verdict("a.first", "pass", size=3),
+                     _verdict("b.second", "pass", size=3))
+    lines = format_report(report).splitlines()
+    rows = [line.split() for line in lines if line.startswith(("a.", "b."))]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("b.second", "2", "core", "PASS"),
+        ("b.second", "3", "core", "PASS"),
+        ("a.first", "3", "core", "PASS"),
+    ]
+    assert "CONFORMS (exit 0)" in lines[-1]
+
+
+def test_failure_section_shows_example_and_first_ten_message_lines() -> None:
+    """A failure lists its shrunk example and the first ten lines of its message, then a count of the rest."""
+    text = format_report(_report(FAIL))
+    assert "Failing test case: prop(\n    x=0,\n)" in text
+    assert "AssertionError: rank 0: shape (2,), expected (3,)" in text
+    assert "line 8" in text
+    assert "line 9" not in text
+    assert "... (21 more lines)" in text
+    assert "DOES NOT CONFORM (exit 1)" in text
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "strict", "code"),
+    [
+        ((FAIL,), False, 1),
+        ((_verdict("x", "fail", tier="extended"),), False, 0),
+        ((_verdict("x", "fail", tier="extended"),), True, 1),
+        ((_verdict("x", "not supported", tier="extended"),), False, 0),
+        ((_verdict("x", "not supported", tier="extended"),), True, 1),
+        ((_verdict("x", "skipped"), _verdict("y", "pass")), True, 0),
+    ],
+    ids=["core-fail", "extended-fail", "extended-fail-strict", "not-supported", "not-supported-strict", "skip-strict"],
+)
+def test_exit_code_blocks_on_core_failures_or_anything_under_strict(
+    verdicts: tuple[Verdict, ...], strict: bool, code: int
+) -> None:
+    """Core failures exit 1; extended failures and not-supported only under --strict."""
+    assert _report(*verdicts).exit_code(strict) == code
+
+
+def test_junit_xml_counts_tests_failures_and_skips(tmp_path: Path) -> None:
+    """JUnit XML has one testcase per row, failure elements for failures, skipped for the rest."""
+    path = tmp_path / "report.xml"
+    report = _report(FAIL, _verdict("b", "pass"), _verdict("c", "not supported", tier="extended", message="no uneven="),
+                     _verdict("d", "skipped"))
+    write_junit_xml(report, path)
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "1", "2")
+    failure = suite.find("testcase[@name='gather.forward[w2]']/failure")
+    assert failure is not None
+    assert failure.get("message") == "AssertionError: rank 0: shape (2,), expected (3,)"
+    assert failure.text is not None
+    assert "x=0" in failure.text
+
+
+def test_junit_xml_strict_turns_not_supported_into_failures(tmp_path: Path) -> None:
+    """Under --strict a not-supported check is a JUnit failure, as it is for the exit code."""
+    path = tmp_path / "report.xml"
+    write_junit_xml(_report(_verdict("c", "not supported", tier="extended")), path, strict=True)
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("failures"), suite.get("skipped")) == ("1", "0")
+
+
+def _noop(world: object, impl: object) -> None:
+    """Does nothing."""
+
+
+CHECKS = [
+    Check("g.core", "core", "gather", _noop),
+    Check("g.ext", "extended", "gather", _noop),
+    Check("d.core", "core", "ddp", _noop),
+    Check("c.ext", "extended", "config", _noop),
+]
+
+
+@pytest.mark.parametrize(
+    ("impl", "tier", "select", "names"),
+    [
+        (REFERENCE, "all", None, ["g.core", "g.ext", "d.core", "c.ext"]),
+        (REFERENCE, "core", None, ["g.core", "d.core"]),
+        (REFERENCE, "extended", None, ["g.ext", "c.ext"]),
+        (Implementation(gather="m", ddp=None, config=None), "all", None, ["g.core", "g.ext"]),
+        (REFERENCE, "all", "core", ["g.core", "d.core"]),
+    ],
+    ids=["all", "core", "extended", "gather-only", "select"],
+)
+def test_select_checks_filters_by_tier_component_and_name(
+    impl: Implementation, tier: str, select: str | None, names: list[str]
+) -> None:
+    """Only checks of the tier, of a named component, and containing the selected text run."""
+    assert [c.name for c in select_checks(CHECKS, impl, tier, select)] == names
+
+
+def test_select_checks_rejects_an_unknown_tier() -> None:
+    """An unknown tier is a ValueError naming the choices."""
+    with pytest.raises(ValueError, match="core, extended, all"):
+        select_checks(CHECKS, REFERENCE, "nightly")
+
+
+def test_not_supported_is_recognised_in_the_parent_or_on_every_failing_rank() -> None:
+    """NotSupported counts when raised here or by every failing rank, not when one rank failed otherwise."""
+    assert is_not_supported(NotSupported("no group="))
+    assert is_not_supported(RankFailure({0: "rank 0 raised NotSupported: x", 1: "rank 1 raised NotSupported: x"}))
+    assert not is_not_supported(RankFailure({0: "rank 0 raised NotSupported: x", 1: "rank 1 raised ValueError: y"}))
+    assert not is_not_supported(AssertionError("x"))

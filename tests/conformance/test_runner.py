@@ -1,0 +1,86 @@
+"""Layer 2: gloo worlds of 1 and 2 ranks. The runner turns what each check did into a verdict."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+
+from nemo_dist.conformance import REFERENCE, Report, WorldLike, run_checks
+from nemo_dist.testing.plugin import WorldFactory
+from tests.conformance import _fake_checks as fake
+
+
+@pytest.fixture(scope="module")
+def report(world_factory: WorldFactory) -> Report:
+    """One run of every fake check (the crashing one between two passing ones) in worlds of 1 and 2."""
+    checks = [
+        fake.PASSING,
+        fake.FAILING,
+        fake.NOT_SUPPORTED,
+        fake.NOT_SUPPORTED_ON_RANKS,
+        fake.CRASHING,
+        fake.SIZE_TWO_ONLY,
+    ]
+    return run_checks(
+        checks, REFERENCE, (1, 2), max_examples=20, worlds=lambda size: cast(WorldLike, world_factory(size))
+    )
+
+
+def _outcomes(report: Report, size: int) -> dict[str, str]:
+    return {v.check: v.outcome for v in report.verdicts if v.world_size == size}
+
+
+def test_each_check_gets_one_verdict_per_world_size(report: Report) -> None:
+    """Verdicts come per world size, then per check, in the order given."""
+    assert [(v.world_size, v.check) for v in report.verdicts] == [
+        (size, c) for size in (1, 2) for c in (
+            "fake.passes", "fake.fails_under_hypothesis", "fake.not_supported",
+            "fake.not_supported_on_ranks", "fake.crashes", "fake.size_two_only",
+        )
+    ]
+
+
+def test_outcomes_follow_what_each_check_did(report: Report) -> None:
+    """Pass, fail, not supported (parent or ranks), crash as fail, and size ranges as skipped."""
+    assert _outcomes(report, 1) == {
+        "fake.passes": "pass",
+        "fake.fails_under_hypothesis": "skipped",
+        "fake.not_supported": "not supported",
+        "fake.not_supported_on_ranks": "not supported",
+        "fake.crashes": "fail",
+        "fake.size_two_only": "skipped",
+    }
+    assert _outcomes(report, 2) == {
+        "fake.passes": "pass",
+        "fake.fails_under_hypothesis": "fail",
+        "fake.not_supported": "not supported",
+        "fake.not_supported_on_ranks": "not supported",
+        "fake.crashes": "fail",
+        "fake.size_two_only": "pass",
+    }
+
+
+def test_hypothesis_failure_keeps_the_shrunk_example(report: Report) -> None:
+    """A failing property is reported with hypothesis's minimal example and the assertion message."""
+    (verdict,) = [v for v in report.verdicts if v.check == "fake.fails_under_hypothesis" and v.world_size == 2]
+    assert "x=0" in verdict.example
+    assert verdict.message == "AssertionError: per-rank results [0, 1] differ from 0"
+
+
+def test_a_crashed_rank_fails_its_check_and_the_next_check_gets_a_healthy_world(report: Report) -> None:
+    """The dying rank is named with its exit code; the check after it passes in the replaced world."""
+    (verdict,) = [v for v in report.verdicts if v.check == "fake.crashes" and v.world_size == 2]
+    assert "rank 1 died: exit code 3" in verdict.message
+    assert _outcomes(report, 2)["fake.size_two_only"] == "pass"
+
+
+def test_not_supported_reason_comes_from_the_ranks(report: Report) -> None:
+    """A NotSupported raised on the ranks is reported with its reason and the ranks, not a traceback."""
+    (verdict,) = [v for v in report.verdicts if v.check == "fake.not_supported_on_ranks" and v.world_size == 2]
+    assert verdict.message == "NotSupported: this fork takes no uneven= keyword (rank 0, 1)"
+
+
+def test_core_failure_makes_the_exit_code_one(report: Report) -> None:
+    """A failing core check exits 1."""
+    assert report.exit_code() == 1
