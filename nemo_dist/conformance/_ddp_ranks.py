@@ -1,0 +1,483 @@
+"""Rank-side functions of the DDP checks: small seeded models, trained on each rank.
+
+Every public function here runs on every rank of a world (through
+``World.run``), takes an ``Implementation`` and plain data, builds its models
+with ``torch.manual_seed`` so all ranks start equal, and returns plain data
+(CPU tensors, ints, bools, strings) for the parent to assert on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nemo_dist.conformance._impl import Implementation
+
+__all__ = [
+    "CONFIG_FIELDS",
+    "autocast_output_dtype",
+    "bucket_layouts",
+    "buffer_sync",
+    "checkpoint_recompute",
+    "contrastive_identity",
+    "grad_bucket_aliasing",
+    "manager_basics",
+    "static_graph_training",
+    "train_config",
+    "unused_parameter",
+]
+
+#: The seven config fields the manager mirrors as attributes (plus autocast_dtype in the config).
+CONFIG_FIELDS = (
+    "activation_checkpointing",
+    "activation_checkpointing_scope",
+    "broadcast_buffers",
+    "find_unused_parameters",
+    "static_graph",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+)
+
+_DIM = 8
+
+
+# ----------------------------------------------------------------------------- models
+class _Attention(nn.Module):
+    """Row-wise attention-like mixing; counts its forward calls (recompute included)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.query = nn.Linear(dim, dim)
+        self.value = nn.Linear(dim, dim)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.softmax(self.query(x), dim=-1) * self.value(x)
+
+
+class _MLP(nn.Module):
+    """Two-layer tanh MLP; counts its forward calls."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.down(torch.tanh(self.up(x)))
+
+
+class _Block(nn.Module):
+    """A transformer-like block: residual attention, then residual MLP (rows independent)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.attn = _Attention(dim)
+        self.mlp = _MLP(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(x)
+        return h + self.mlp(h)
+
+
+class _TinyModel(nn.Module):
+    """``model.layers`` (the language group) of two blocks and a linear head."""
+
+    def __init__(self, dim: int = _DIM, depth: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Block(dim) for _ in range(depth))
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.layers:
+            x = block(x)
+        return self.head(x)
+
+
+class _Tower(nn.Module):
+    """A stack of blocks kept under the attribute name ``attr``."""
+
+    def __init__(self, attr: str, depth: int, dim: int) -> None:
+        super().__init__()
+        self.attr = attr
+        setattr(self, attr, nn.ModuleList(_Block(dim) for _ in range(depth)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in getattr(self, self.attr):
+            x = block(x)
+        return x
+
+
+class _MultimodalModel(nn.Module):
+    """``language_model.layers``, ``visual.blocks`` (block 1 frozen), ``audio_tower.layers``."""
+
+    def __init__(self, dim: int = _DIM) -> None:
+        super().__init__()
+        self.language_model = _Tower("layers", 2, dim)
+        self.visual = _Tower("blocks", 2, dim)
+        self.audio_tower = _Tower("layers", 2, dim)
+        cast(nn.ModuleList, self.visual.blocks)[1].requires_grad_(False)
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.language_model(x) + self.visual(x) + self.audio_tower(x))
+
+
+def _multimodal_blocks(model: _MultimodalModel) -> dict[str, tuple[_Block, bool]]:
+    """Block name ("vision.1") -> (block, has a trainable parameter), taken before wrapping."""
+    towers = {
+        "language": cast(nn.ModuleList, model.language_model.layers),
+        "vision": cast(nn.ModuleList, model.visual.blocks),
+        "audio": cast(nn.ModuleList, model.audio_tower.layers),
+    }
+    return {
+        f"{group}.{index}": (cast(_Block, block), any(p.requires_grad for p in block.parameters()))
+        for group, container in towers.items()
+        for index, block in enumerate(container)
+    }
+
+
+class _Buffered(nn.Module):
+    """A linear layer plus a registered ``offset`` buffer; records the offset each forward sees."""
+
+    def __init__(self, dim: int = _DIM) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        self.offset: torch.Tensor
+        self.register_buffer("offset", torch.zeros(dim, dtype=torch.float64))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(self.offset.detach().clone())
+        return self.linear(x) + self.offset
+
+
+class _SometimesUnused(nn.Module):
+    """``used`` is always applied; ``skipped`` never is, so it gets no gradient."""
+
+    def __init__(self, dim: int = _DIM) -> None:
+        super().__init__()
+        self.used = nn.Linear(dim, dim)
+        self.skipped = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def _seeded(factory: Callable[[], _M], seed: int, dtype: torch.dtype = torch.float64) -> _M:
+    torch.manual_seed(seed)
+    return factory().to(dtype)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _manager(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
+    config = impl.module("config").DDPConfig(**config_kwargs)
+    return impl.module("ddp").DDPManager(config)
+
+
+def _local_rows(global_batch: torch.Tensor) -> torch.Tensor:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rows = global_batch.shape[0] // size
+    return global_batch[rank * rows : (rank + 1) * rows]
+
+
+def _params(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def _sgd_step(model: nn.Module, lr: float) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.sub_(lr * p.grad)
+            p.grad = None
+
+
+def _square_loss(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean() if out.dtype == torch.bfloat16 else out.square().mean()
+
+
+# ------------------------------------------------------------------------ rank checks
+def manager_basics(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Build a manager and wrap a tiny model; report its attributes and the wrapper's shape.
+
+    Returns rank/world_size as the manager and torch.distributed see them, the
+    device, each config field as mirrored on the manager and as on the config,
+    whether ``parallelize`` returned a DDP whose ``.module`` is the model on CPU,
+    and its ``device_ids``.
+    """
+    config = impl.module("config").DDPConfig(**config_kwargs)
+    manager = impl.module("ddp").DDPManager(config)
+    model = _seeded(_TinyModel, 0)
+    wrapped = manager.parallelize(model)
+    inner = getattr(wrapped, "module", None)
+    return {
+        "rank": (manager.rank, dist.get_rank()),
+        "world_size": (manager.world_size, dist.get_world_size()),
+        "device": str(manager.device),
+        "mirrored": {f: (getattr(manager, f, "<missing>"), getattr(config, f)) for f in CONFIG_FIELDS},
+        "is_ddp": isinstance(wrapped, DistributedDataParallel),
+        "module_is_model": inner is model,
+        "param_devices": sorted({str(p.device) for p in model.parameters()}),
+        "device_ids": getattr(wrapped, "device_ids", "<missing>"),
+    }
+
+
+def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list[float]]:
+    """Buffers set to the rank number before wrapping: what each rank holds and sees.
+
+    Returns the buffer after construction, the value forward 1 saw, and the
+    value forward 2 saw after each rank set its buffer to rank + 10 in between.
+    """
+    rank = dist.get_rank()
+    model = _seeded(_Buffered, 1)
+    model.offset.fill_(float(rank))
+    wrapped = _manager(impl, {"broadcast_buffers": broadcast_buffers}).parallelize(model)
+    after_init = model.offset.tolist()
+    x = torch.ones(2, _DIM, dtype=torch.float64)
+    wrapped(x).sum().backward()
+    model.offset.fill_(float(rank + 10))
+    wrapped(x).sum().backward()
+    return {"after_init": after_init, "forward1": model.seen[0].tolist(), "forward2": model.seen[1].tolist()}
+
+
+def _bucket_model() -> nn.Module:
+    # Six float64 parameters of 32*32*8 = 8 KiB each.
+    return nn.Sequential(*(nn.Linear(32, 32, bias=False) for _ in range(6)))
+
+
+def _recording_hook(record: list[list[int]]) -> Any:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
+        record[-1].append(int(bucket.buffer().numel()))
+        return allreduce_hook(state, bucket)
+
+    return hook
+
+
+def _bucket_sizes(wrapped: DistributedDataParallel, steps: int) -> list[int]:
+    record: list[list[int]] = []
+    wrapped.register_comm_hook(None, _recording_hook(record))
+    x = torch.ones(2, 32, dtype=torch.float64)
+    for _ in range(steps):
+        record.append([])
+        wrapped(x).square().sum().backward()
+        _sgd_step(wrapped, 0.0)
+    return sorted(record[-1])
+
+
+def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -> dict[str, list[int]]:
+    """Bucket sizes (elements, sorted) seen by a comm hook on step ``steps`` for each cap.
+
+    The model has six 1024-element float64 parameters.  Key ``"plain"`` is
+    torch's own DDP built with no ``bucket_cap_mb``, for comparison with None.
+    """
+    layouts: dict[str, list[int]] = {}
+    for cap in caps:
+        wrapped = _manager(impl, {"bucket_cap_mb": cap}).parallelize(_seeded(_bucket_model, 2))
+        layouts[repr(cap)] = _bucket_sizes(wrapped, steps)
+    layouts["plain"] = _bucket_sizes(DistributedDataParallel(_seeded(_bucket_model, 2)), steps)
+    return layouts
+
+
+def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict[str, Any]:
+    """Train two iterations of a model whose forward skips a parameter.
+
+    Returns ``{"error": message or None, "params": parameters after the steps}``;
+    the DDP error is caught on the rank so every rank reports it.
+    """
+    model = _seeded(_SometimesUnused, 3)
+    wrapped = _manager(impl, {"find_unused_parameters": find_unused_parameters}).parallelize(model)
+    x = _local_rows(torch.arange(4 * dist.get_world_size() * _DIM, dtype=torch.float64).reshape(-1, _DIM) / 50)
+    try:
+        for _ in range(2):
+            wrapped(x).square().mean().backward()
+            _sgd_step(model, 0.1)
+    except RuntimeError as error:
+        return {"error": str(error), "params": []}
+    return {"error": None, "params": _params(model)}
+
+
+def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, steps: int) -> list[list[bool]]:
+    """Per step, per parameter: does ``param.grad`` lie inside a bucket buffer of that step."""
+    model = _seeded(_bucket_model, 4)
+    wrapped = _manager(impl, {"gradient_as_bucket_view": gradient_as_bucket_view, "bucket_cap_mb": 0.01}).parallelize(
+        model
+    )
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    ranges: list[tuple[int, int]] = []
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
+        buffer = bucket.buffer()
+        ranges.append((buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()))
+        return allreduce_hook(state, bucket)
+
+    wrapped.register_comm_hook(None, hook)
+    x = torch.ones(2, 32, dtype=torch.float64)
+    verdicts: list[list[bool]] = []
+    for _ in range(steps):
+        ranges.clear()
+        wrapped(x).square().sum().backward()
+        verdicts.append(
+            [p.grad is not None and any(lo <= p.grad.data_ptr() < hi for lo, hi in ranges) for p in model.parameters()]
+        )
+        _sgd_step(model, 0.01)
+    return verdicts
+
+
+def _train(wrapped: nn.Module, model: nn.Module, x: torch.Tensor, steps: int, lr: float) -> list[torch.Tensor]:
+    for _ in range(steps):
+        _square_loss(wrapped(x)).backward()
+        _sgd_step(model, lr)
+    return _params(model)
+
+
+def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: int) -> dict[str, Any]:
+    """Train with ``static_graph=True`` and without it, in two settings.
+
+    ``checkpointed``: the tiny model with checkpointed blocks; ``unused``: a model
+    with a parameter that is never used (the non-static run uses
+    ``find_unused_parameters=True``).  Returns for each the DDP object's
+    ``static_graph`` attribute and the parameters of both runs after ``steps``.
+    """
+    x = _local_rows(global_x)
+    runs: dict[str, Any] = {}
+    settings = {
+        "checkpointed": (_TinyModel, {"activation_checkpointing": True}, {"activation_checkpointing": True}),
+        "unused": (_SometimesUnused, {}, {"find_unused_parameters": True}),
+    }
+    for name, (factory, static_extra, dynamic_extra) in settings.items():
+        model = _seeded(factory, 5)
+        wrapped = _manager(impl, {"static_graph": True, **static_extra}).parallelize(model)
+        static_params = _train(wrapped, model, x, steps, 0.1)
+        other = _seeded(factory, 5)
+        dynamic_params = _train(_manager(impl, dynamic_extra).parallelize(other), other, x, steps, 0.1)
+        runs[name] = {
+            "static_graph": getattr(wrapped, "static_graph", None),
+            "static": static_params,
+            "dynamic": dynamic_params,
+        }
+    return runs
+
+
+def checkpoint_recompute(
+    impl: Implementation, mode: bool | str, scopes: list[Any], global_x: torch.Tensor
+) -> dict[str, Any]:
+    """For each scope: which blocks' attn/mlp ran again in backward, and the gradients.
+
+    Returns ``{"trainable": {block: bool}, "plain_grads": [...], "scopes": {repr(scope):
+    {"recomputed": {block: (attn runs in backward, mlp runs in backward)}, "grads": [...]}}}``,
+    with ``plain_grads`` from the same model wrapped without checkpointing.
+    """
+    x = _local_rows(global_x)
+    plain = _seeded(_MultimodalModel, 6)
+    plain_wrapped = _manager(impl, {}).parallelize(plain)  # kept alive through backward
+    _square_loss(plain_wrapped(x)).backward()
+    result: dict[str, Any] = {"plain_grads": _grads(plain), "scopes": {}}
+    for scope in scopes:
+        model = _seeded(_MultimodalModel, 6)
+        blocks = _multimodal_blocks(model)
+        result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
+        config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
+        wrapped = _manager(impl, config).parallelize(model)
+        loss = _square_loss(wrapped(x))
+        before = {name: (b.attn.calls, b.mlp.calls) for name, (b, _) in blocks.items()}
+        loss.backward()
+        recomputed = {
+            name: (b.attn.calls - before[name][0], b.mlp.calls - before[name][1]) for name, (b, _) in blocks.items()
+        }
+        result["scopes"][repr(scope)] = {"recomputed": recomputed, "grads": _grads(model)}
+    return result
+
+
+def autocast_output_dtype(impl: Implementation, autocast_dtype: Any) -> str:
+    """The dtype (as a string) of a float32 tiny model's output through the wrapper."""
+    model = _seeded(_TinyModel, 7, torch.float32)
+    wrapped = _manager(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
+    return str(wrapped(torch.ones(2, _DIM)).dtype)
+
+
+def _info_nce_terms(anchors: torch.Tensor, candidates: torch.Tensor, first_row: int, tau: float) -> torch.Tensor:
+    """Per-row InfoNCE losses of ``anchors`` against all ``candidates``; row i's positive is candidate first_row+i."""
+    logits = anchors @ candidates.T / tau
+    labels = torch.arange(first_row, first_row + anchors.shape[0])
+    return nn.functional.cross_entropy(logits, labels, reduction="none")
+
+
+def contrastive_identity(
+    impl: Implementation, global_x: torch.Tensor, global_y: torch.Tensor, steps: int, lr: float, tau: float
+) -> dict[str, Any]:
+    """Train a linear encoder with a gathered InfoNCE loss, and a full-batch copy beside it.
+
+    Rank r encodes its slice of ``x`` and ``y`` in one DDP forward, gathers the
+    ``y`` embeddings with ``all_gather_with_grad``, and takes the mean over its
+    rows of the InfoNCE terms against all N candidates.  DDP averages over W
+    ranks, so the gradient is (1/W) * sum_r (W/N) * sum_{i in r} grad l_i, which is
+    the full-batch gradient of mean_i l_i: the copy computes that in one process.
+    Returns the gradients of step 1 and the parameters after ``steps``, both sides.
+    """
+    gather = impl.module("gather").all_gather_with_grad
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rows = global_x.shape[0] // size
+
+    def encoder() -> nn.Module:
+        return nn.Linear(global_x.shape[1], 4)
+
+    model = _seeded(encoder, 8)
+    reference = _seeded(encoder, 8)
+    wrapped = _manager(impl, {}).parallelize(model)
+    x, y = _local_rows(global_x), _local_rows(global_y)
+    grads: dict[str, Any] = {}
+    for step in range(steps):
+        embedded = wrapped(torch.cat([x, y]))
+        candidates = gather(embedded[rows:].contiguous())
+        _info_nce_terms(embedded[:rows], candidates, rank * rows, tau).mean().backward()
+        full = reference(torch.cat([global_x, global_y]))
+        n = global_x.shape[0]
+        _info_nce_terms(full[:n], full[n:], 0, tau).mean().backward()
+        if step == 0:
+            grads = {"ddp": _grads(model), "reference": _grads(reference)}
+        _sgd_step(model, lr)
+        _sgd_step(reference, lr)
+    return {**grads, "params": _params(model), "reference_params": _params(reference)}
+
+
+def train_config(
+    impl: Implementation, config_kwargs: dict[str, Any], global_x: torch.Tensor, steps: int
+) -> dict[str, Any]:
+    """Train the tiny model under ``config_kwargs`` and, beside it, in one process on the full batch.
+
+    The model is float64, or float32 when ``autocast_dtype`` is set (autocast
+    leaves float64 alone); the full-batch copy runs under the same autocast.
+    Returns both parameter lists after ``steps`` SGD steps.
+    """
+    dtype = torch.float64 if config_kwargs.get("autocast_dtype") is None else torch.float32
+    model = _seeded(_TinyModel, 9, dtype)
+    reference = _seeded(_TinyModel, 9, dtype)
+    wrapped = _manager(impl, config_kwargs).parallelize(model)
+    params = _train(wrapped, model, _local_rows(global_x).to(dtype), steps, 0.1)
+    full = global_x.to(dtype)
+    for _ in range(steps):
+        autocast = config_kwargs.get("autocast_dtype")
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            out = reference(full)
+        _square_loss(out).backward()
+        _sgd_step(reference, 0.1)
+    return {"params": params, "reference": _params(reference)}

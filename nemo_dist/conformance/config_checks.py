@@ -1,0 +1,121 @@
+"""Conformance checks of ``DDPConfig`` (and of ``DDPManager`` without a process group).
+
+These run in the parent process: they build configs, no rank is involved, and
+the ``world`` argument is ignored.  Bad values must fail at construction with
+``TypeError`` or ``ValueError`` naming the field; scopes are normalised to a
+tuple; the defaults are the SPEC's table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from nemo_dist.conformance._impl import Implementation, NotSupported
+from nemo_dist.conformance._registry import WorldLike, check
+
+__all__ = ["INVALID_CONFIGS", "SCOPE_NORMALISATIONS", "SPEC_DEFAULTS", "config_rejection"]
+
+#: The SPEC's defaults of every DDPConfig field (the scope as normalised).
+SPEC_DEFAULTS: dict[str, Any] = {
+    "activation_checkpointing": False,
+    "activation_checkpointing_scope": ("all",),
+    "broadcast_buffers": False,
+    "find_unused_parameters": False,
+    "static_graph": False,
+    "bucket_cap_mb": None,
+    "gradient_as_bucket_view": False,
+    "autocast_dtype": None,
+}
+
+#: (readable id, field, bad value): each must fail at construction naming the field.
+INVALID_CONFIGS: list[tuple[str, str, Any]] = [
+    ("negative_bucket", "bucket_cap_mb", -1.0),
+    ("zero_bucket", "bucket_cap_mb", 0),
+    ("string_bucket", "bucket_cap_mb", "25"),
+    ("string_broadcast_buffers", "broadcast_buffers", "yes"),
+    ("string_find_unused_parameters", "find_unused_parameters", "False"),
+    ("string_static_graph", "static_graph", "true"),
+    ("string_gradient_as_bucket_view", "gradient_as_bucket_view", "no"),
+    ("unknown_checkpointing_mode", "activation_checkpointing", "sometimes"),
+    ("unknown_scope", "activation_checkpointing_scope", "robotics"),
+    ("unknown_scope_in_list", "activation_checkpointing_scope", ["language", "robotics"]),
+    ("all_mixed_with_group", "activation_checkpointing_scope", "all,language"),
+    ("all_mixed_in_list", "activation_checkpointing_scope", ["vision", "all"]),
+]
+
+#: (scope as given, the groups it must normalise to, as a set; the result is a tuple).
+SCOPE_NORMALISATIONS: list[tuple[Any, set[str]]] = [
+    ("all", {"all"}),
+    ("language,vision", {"language", "vision"}),
+    ("language+vision", {"language", "vision"}),
+    (["vision", "language"], {"language", "vision"}),
+    ("multimodal", {"multimodal"}),
+    (("audio",), {"audio"}),
+]
+
+
+def config_rejection(impl: Implementation, field: str, value: Any) -> str:
+    """Build ``DDPConfig(**{field: value})``; return its error message, or raise AssertionError if accepted.
+
+    The error must be ``TypeError`` or ``ValueError`` and name the field.
+    """
+    config_class = impl.module("config").DDPConfig
+    try:
+        config = config_class(**{field: value})
+    except (TypeError, ValueError) as error:
+        raised: TypeError | ValueError = error
+    else:
+        raise AssertionError(
+            f"DDPConfig({field}={value!r}) was accepted (now {getattr(config, field, '?')!r}); "
+            "expected TypeError or ValueError naming the field"
+        )
+    message = str(raised)
+    assert field in message, (
+        f"DDPConfig({field}={value!r}) raised {type(raised).__name__} not naming the field: {message}"
+    )
+    return message
+
+
+@check("config.defaults_match_spec", tier="core", component="config")
+def defaults_match_spec(world: WorldLike, impl: Implementation) -> None:
+    """DDPConfig() has the SPEC's default for every field."""
+    config = impl.module("config").DDPConfig()
+    for field, expected in SPEC_DEFAULTS.items():
+        got = getattr(config, field, "<missing>")
+        assert got == expected, f"DDPConfig().{field} is {got!r}, the SPEC's default is {expected!r}"
+
+
+@check("config.rejects_bad_values_naming_field", tier="core", component="config")
+def rejects_bad_values_naming_field(world: WorldLike, impl: Implementation) -> None:
+    """Bad values (negative bucket, str for bool, unknown or mixed scope) fail at construction naming the field."""
+    for _, field, value in INVALID_CONFIGS:
+        config_rejection(impl, field, value)
+
+
+@check("config.scope_normalised_to_tuple", tier="core", component="config")
+def scope_normalised_to_tuple(world: WorldLike, impl: Implementation) -> None:
+    """activation_checkpointing_scope given as str with , or + or a list becomes a tuple of its groups."""
+    config_class = impl.module("config").DDPConfig
+    for scope, groups in SCOPE_NORMALISATIONS:
+        got = config_class(activation_checkpointing_scope=scope).activation_checkpointing_scope
+        expected = f"expected a tuple of {sorted(groups)}"
+        assert isinstance(got, tuple), f"activation_checkpointing_scope={scope!r} became {got!r}, {expected}"
+        assert sorted(got) == sorted(groups), f"activation_checkpointing_scope={scope!r} became {got!r}, {expected}"
+
+
+@check("config.manager_requires_process_group", tier="core", component="ddp")
+def manager_requires_process_group(world: WorldLike, impl: Implementation) -> None:
+    """DDPManager(DDPConfig()) raises RuntimeError in a process without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        raise NotSupported("this process is in a process group (torchrun); the check needs one without")
+    config = impl.module("config").DDPConfig()
+    manager_class = impl.module("ddp").DDPManager
+    try:
+        manager_class(config)
+    except RuntimeError:
+        return
+    raise AssertionError(
+        "DDPManager(DDPConfig()) was built without an initialised process group; expected RuntimeError"
+    )

@@ -1,0 +1,315 @@
+"""Conformance checks of ``DDPManager``: every ``DDPConfig`` field proven by behaviour.
+
+Each check builds small seeded float64 models on every rank of a gloo world
+(``_ddp_ranks``), wraps them with the implementation's ``DDPManager`` and
+asserts in the parent on what the ranks report: buffers equalised or left
+alone, bucket count following the cap, an unused parameter tolerated or
+raising, gradients aliasing the bucket storage, static graph accepted,
+blocks recomputed in backward under checkpointing with unchanged gradients,
+autocast output dtype, and training equal to one process on the full batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nemo_dist.conformance import _ddp_ranks as ranks
+from nemo_dist.conformance._impl import Implementation, NotSupported
+from nemo_dist.conformance._registry import WorldLike, check
+from nemo_dist.testing._ddp_strategies import ddp_configs
+
+__all__ = [
+    "CHECKPOINT_SCOPES",
+    "EXPECTED_GROUPS",
+    "TOLERANCE_BF16",
+    "TOLERANCE_FLOAT64",
+]
+
+#: Scopes the checkpointing check runs, and the layer groups each selects.
+EXPECTED_GROUPS: dict[str, set[str]] = {
+    "all": {"language", "vision", "audio"},
+    "language": {"language"},
+    "vision": {"vision"},
+    "audio": {"audio"},
+    "multimodal": {"vision", "audio"},
+    "language,vision": {"language", "vision"},
+}
+CHECKPOINT_SCOPES = tuple(EXPECTED_GROUPS)
+
+#: DDP vs one process on the full batch, float64 models (reduction order differs).
+TOLERANCE_FLOAT64 = {"atol": 1e-10, "rtol": 1e-10}
+#: The same under bf16 autocast (8-bit mantissa: ~4e-3 relative per op, 2 steps).
+TOLERANCE_BF16 = {"atol": 1e-2, "rtol": 1e-2}
+_TIGHT = {"atol": 1e-12, "rtol": 1e-12}
+
+
+def _require_cpu_world(world: WorldLike) -> None:
+    if world.backend != "gloo":
+        raise NotSupported(f"the DDP checks build CPU models; they run in gloo worlds, not {world.backend}")
+
+
+def _global_batch(seed: int, rows: int, dim: int = 8) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, dim, generator=generator, dtype=torch.float64)
+
+
+def _assert_close_lists(actual: list[Any], expected: list[Any], what: str, tolerance: dict[str, float]) -> None:
+    assert len(actual) == len(expected), f"{what}: {len(actual)} tensors, expected {len(expected)}"
+    for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        if a is None or e is None:
+            assert a is e, f"{what}: tensor {index} is {a!r}, expected {e!r}"
+            continue
+        try:
+            torch.testing.assert_close(a, e, atol=tolerance["atol"], rtol=tolerance["rtol"])
+        except AssertionError as error:
+            raise AssertionError(f"{what}, tensor {index}: {error}") from None
+
+
+def _assert_ranks_identical(per_rank: list[list[torch.Tensor]], what: str) -> None:
+    for rank, tensors in enumerate(per_rank[1:], start=1):
+        for index, (a, b) in enumerate(zip(tensors, per_rank[0], strict=True)):
+            assert torch.equal(a, b), (
+                f"{what}: parameter {index} on rank {rank} differs from rank 0 "
+                f"(max |diff| {(a - b).abs().max().item():.3g}); DDP ranks must stay bit-identical"
+            )
+
+
+def _examples(divisor: int) -> int:
+    return max(3, settings().max_examples // divisor)
+
+
+_BASIC_CONFIGS: list[dict[str, Any]] = [
+    {},
+    {
+        "activation_checkpointing": "selective",
+        "activation_checkpointing_scope": "language+vision",
+        "broadcast_buffers": True,
+        "find_unused_parameters": True,
+        "bucket_cap_mb": 1.0,
+        "gradient_as_bucket_view": True,
+    },
+    {"activation_checkpointing": True, "static_graph": True},
+]
+
+
+@check("ddp.manager_basics", tier="core", component="ddp")
+def manager_basics(world: WorldLike, impl: Implementation) -> None:
+    """DDPManager sets rank/world_size/device, mirrors the config fields, and wraps in DDP on CPU."""
+    _require_cpu_world(world)
+    for config in _BASIC_CONFIGS:
+        for rank, got in enumerate(world.run(ranks.manager_basics, impl, config)):
+            assert got["rank"] == (rank, rank), (
+                f"config {config}: manager.rank, dist rank = {got['rank']}, expected {rank}"
+            )
+            assert got["world_size"] == (world.size, world.size), (
+                f"config {config}: manager.world_size, dist world size = {got['world_size']}, expected {world.size}"
+            )
+            assert got["device"] == "cpu", f"config {config}: manager.device is {got['device']}, expected cpu on gloo"
+            for field, (mirrored, configured) in got["mirrored"].items():
+                assert mirrored == configured, (
+                    f"config {config}: manager.{field} is {mirrored!r}, the config's {field} is {configured!r}"
+                )
+            assert got["is_ddp"], f"config {config}: parallelize did not return a DistributedDataParallel"
+            assert got["module_is_model"], f"config {config}: the DDP's .module is not the model passed in"
+            assert got["param_devices"] == ["cpu"], (
+                f"config {config}: parameters on {got['param_devices']}, expected cpu"
+            )
+            assert got["device_ids"] is None, (
+                f"config {config}: DDP device_ids is {got['device_ids']!r}, expected None on CPU"
+            )
+
+
+@check("ddp.broadcast_buffers", tier="core", component="ddp", min_world=2)
+def broadcast_buffers(world: WorldLike, impl: Implementation) -> None:
+    """broadcast_buffers=True gives every rank rank 0's buffers; False leaves them rank-local, also at construction."""
+    _require_cpu_world(world)
+    dim = 8
+    for enabled in (True, False):
+        for rank, got in enumerate(world.run(ranks.buffer_sync, impl, enabled)):
+            source = 0 if enabled else rank
+            expected = {
+                "after_init": [float(source)] * dim,
+                "forward1": [float(source)] * dim,
+                "forward2": [float(source + 10)] * dim,
+            }
+            for stage, value in expected.items():
+                assert got[stage] == value, (
+                    f"broadcast_buffers={enabled}: rank {rank}'s buffer {stage.replace('_', ' ')} is "
+                    f"{got[stage][0]:g}, expected {value[0]:g} ("
+                    + ("rank 0's buffer" if enabled else "its own buffer: no sync at construction or forward")
+                    + ")"
+                )
+
+
+@check("ddp.bucket_cap_mb", tier="core", component="ddp")
+def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
+    """A small bucket_cap_mb gives more DDP buckets than a large one; None gives torch's default layout."""
+    _require_cpu_world(world)
+    small, large = 0.01, 25.0
+    results = world.run(ranks.bucket_layouts, impl, [small, large, None], 3)
+    for rank, layouts in enumerate(results):
+        shown = ", ".join(f"cap {cap}: {sizes}" for cap, sizes in layouts.items())
+        assert len(layouts[repr(small)]) > len(layouts[repr(large)]), (
+            f"rank {rank}: bucket_cap_mb={small} gave {len(layouts[repr(small)])} bucket(s), not more than "
+            f"bucket_cap_mb={large} ({len(layouts[repr(large)])}); is the cap forwarded to DDP? "
+            f"bucket sizes in elements on step 3: {shown}"
+        )
+        assert layouts["None"] == layouts["plain"], (
+            f"rank {rank}: bucket_cap_mb=None gave buckets {layouts['None']}, torch's default DDP "
+            f"gives {layouts['plain']}"
+        )
+        cap_elements = small * 2**20 / 8
+        for size in layouts[repr(small)]:
+            assert size <= cap_elements + 1024, (
+                f"rank {rank}: a bucket of {size} float64 elements under bucket_cap_mb={small} "
+                f"(cap {cap_elements:.0f} elements, parameters of 1024)"
+            )
+
+
+@check("ddp.find_unused_parameters", tier="core", component="ddp")
+def find_unused_parameters(world: WorldLike, impl: Implementation) -> None:
+    """A skipped parameter trains with find_unused_parameters=True and makes DDP raise with False."""
+    _require_cpu_world(world)
+    tolerated = world.run(ranks.unused_parameter, impl, True)
+    for rank, got in enumerate(tolerated):
+        assert got["error"] is None, f"find_unused_parameters=True: rank {rank} raised: {got['error']}"
+    _assert_ranks_identical([got["params"] for got in tolerated], "find_unused_parameters=True")
+    for rank, got in enumerate(world.run(ranks.unused_parameter, impl, False)):
+        assert got["error"] is not None, (
+            f"find_unused_parameters=False: rank {rank} trained two iterations with an unused parameter; "
+            "DDP should have raised (is the flag forwarded?)"
+        )
+        assert "unused" in got["error"] or "finished reduction" in got["error"], (
+            f"find_unused_parameters=False: rank {rank} raised something else: {got['error'][:300]}"
+        )
+
+
+@check("ddp.gradient_as_bucket_view", tier="core", component="ddp")
+def gradient_as_bucket_view(world: WorldLike, impl: Implementation) -> None:
+    """gradient_as_bucket_view=True makes every param.grad live in a DDP bucket buffer; False in none."""
+    _require_cpu_world(world)
+    for enabled in (True, False):
+        for rank, steps in enumerate(world.run(ranks.grad_bucket_aliasing, impl, enabled, 3)):
+            for step, inside in enumerate(steps, start=1):
+                assert all(v == enabled for v in inside), (
+                    f"gradient_as_bucket_view={enabled}: on rank {rank}, step {step}, param.grad inside a "
+                    f"bucket buffer per parameter: {inside}; expected all {enabled}"
+                )
+
+
+@check("ddp.static_graph", tier="core", component="ddp")
+def static_graph(world: WorldLike, impl: Implementation) -> None:
+    """static_graph=True is recorded by DDP, accepts checkpointing and an unused parameter, trains as without it."""
+    _require_cpu_world(world)
+    global_x = _global_batch(11, 2 * world.size)
+    results = world.run(ranks.static_graph_training, impl, global_x, 3)
+    for rank, runs in enumerate(results):
+        for setting, run in runs.items():
+            assert run["static_graph"] is True, (
+                f"{setting}: the DDP object's static_graph is {run['static_graph']!r} on rank {rank}, expected True"
+            )
+            _assert_close_lists(
+                run["static"], run["dynamic"], f"{setting}, rank {rank}: static vs dynamic graph", _TIGHT
+            )
+    for setting in results[0]:
+        _assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
+
+
+def _check_recompute(world: WorldLike, impl: Implementation, mode: bool | str) -> None:
+    global_x = _global_batch(12, 2 * world.size)
+    results = world.run(ranks.checkpoint_recompute, impl, mode, list(CHECKPOINT_SCOPES), global_x)
+    for rank, got in enumerate(results):
+        for scope, groups in EXPECTED_GROUPS.items():
+            run = got["scopes"][repr(scope)]
+            for block, (attn, mlp) in run["recomputed"].items():
+                selected = got["trainable"][block] and block.split(".")[0] in groups
+                ran_again = attn > 0 and mlp > 0
+                ran_never = attn == 0 and mlp == 0
+                what = (
+                    "a selected trainable block"
+                    if selected
+                    else ("a frozen block" if not got["trainable"][block] else "an unselected block")
+                )
+                assert ran_again if selected else ran_never, (
+                    f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: {block} ({what}) ran "
+                    f"attn {attn}x and mlp {mlp}x during backward; expected "
+                    + ("at least once each (recompute)" if selected else "no recompute")
+                )
+            _assert_close_lists(
+                run["grads"],
+                got["plain_grads"],
+                f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: gradients vs no checkpointing",
+                _TIGHT,
+            )
+
+
+@check("ddp.activation_checkpointing_full", tier="core", component="ddp")
+def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> None:
+    """Full checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
+    _require_cpu_world(world)
+    for mode in (True, "full"):
+        _check_recompute(world, impl, mode)
+
+
+@check("ddp.activation_checkpointing_selective", tier="core", component="ddp")
+def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
+    """Selective checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
+    _require_cpu_world(world)
+    _check_recompute(world, impl, "selective")
+
+
+@check("ddp.autocast_dtype", tier="core", component="ddp")
+def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
+    """autocast_dtype=bfloat16 makes a float32 model's wrapped output bfloat16; None leaves float32."""
+    _require_cpu_world(world)
+    for dtype, expected in ((torch.bfloat16, "torch.bfloat16"), (None, "torch.float32")):
+        for rank, got in enumerate(world.run(ranks.autocast_output_dtype, impl, dtype)):
+            assert got == expected, (
+                f"autocast_dtype={dtype}: rank {rank}'s wrapped output is {got}, expected {expected}"
+            )
+
+
+@check("ddp.contrastive_loss_equals_full_batch", tier="core", component="ddp")
+def contrastive_loss_equals_full_batch(world: WorldLike, impl: Implementation) -> None:
+    """A gathered InfoNCE loss under DDP gives the single-process full-batch gradient; ranks stay bit-identical."""
+    _require_cpu_world(world)
+
+    @settings(max_examples=_examples(5))
+    @given(seed=st.integers(0, 2**16), rows=st.integers(1, 3), dim=st.integers(1, 6))
+    def example(seed: int, rows: int, dim: int) -> None:
+        n = rows * world.size
+        x = _global_batch(seed, n, dim)
+        y = x + 0.1 * _global_batch(seed + 1, n, dim)
+        results = world.run(ranks.contrastive_identity, impl, x, y, 3, 0.1, 0.5)
+        for rank, got in enumerate(results):
+            _assert_close_lists(got["ddp"], got["reference"], f"rank {rank}: step-1 gradient vs full batch", _TIGHT)
+            _assert_close_lists(
+                got["params"], got["reference_params"], f"rank {rank}: parameters after 3 steps vs full batch", _TIGHT
+            )
+        _assert_ranks_identical([got["params"] for got in results], "contrastive training")
+
+    example()
+
+
+@check("ddp.any_config_trains_like_one_process", tier="core", component="ddp")
+def any_config_trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
+    """For any valid DDPConfig, DDP training equals one process on the full batch; ranks agree exactly."""
+    _require_cpu_world(world)
+
+    @settings(max_examples=_examples(4))
+    @given(config=ddp_configs(), seed=st.integers(0, 2**16), rows=st.integers(1, 3))
+    def example(config: dict[str, Any], seed: int, rows: int) -> None:
+        global_x = _global_batch(seed, rows * world.size)
+        results = world.run(ranks.train_config, impl, config, global_x, 2)
+        tolerance = TOLERANCE_FLOAT64 if config.get("autocast_dtype") is None else TOLERANCE_BF16
+        for rank, got in enumerate(results):
+            _assert_close_lists(
+                got["params"], got["reference"], f"config {config}, rank {rank}: DDP vs full batch", tolerance
+            )
+        _assert_ranks_identical([got["params"] for got in results], f"config {config}")
+
+    example()
