@@ -142,7 +142,12 @@ class World:
     answer once one rank failed. ``startup_timeout`` bounds starting the ranks.
     Ranks start lazily on the first run and are replaced after a hang or a
     death, so every run gets healthy ranks. Use as a context manager or call
-    :meth:`close`.
+    :meth:`close` (an ``atexit`` hook closes forgotten Worlds).
+
+    Ranks die with their parent: on Linux through ``PR_SET_PDEATHSIG``, which
+    follows the *thread* that started them (a World started from a thread that
+    later exits loses its ranks; the next run reports the deaths and restarts
+    them), and through EOF on their pipe otherwise.
     """
 
     def __init__(
@@ -389,7 +394,11 @@ class World:
         for r in self._ranks:
             with contextlib.suppress(OSError):  # a dead rank is reported by _gather
                 r.conn.send_bytes(msg)
-        replies, deaths, pending, timed_out = self._gather(seq, deadline_s)
+        try:
+            replies, deaths, pending, timed_out = self._gather(seq, deadline_s)
+        except BaseException:  # interrupted (KeyboardInterrupt...): ranks are mid-call
+            self._replace()
+            raise
         if timed_out:
             stacks = self._dump(pending)
             self._replace()

@@ -73,10 +73,13 @@ def hang_in_barrier(rank_to_hang: int) -> int:
 
 
 def exit_with(rank_to_exit: int, code: int) -> None:
-    """One rank calls ``os._exit(code)``; the others wait in a barrier."""
+    """One rank writes a last word to stderr and calls ``os._exit(code)``; the others wait in a barrier."""
+    import sys
+
     import torch.distributed as dist
 
     if dist.get_rank() == rank_to_exit:
+        print(f"last words of rank {rank_to_exit}", file=sys.stderr, flush=True)
         os._exit(code)
     dist.barrier()
 

@@ -35,6 +35,13 @@ def test_restricted(dist_world):
 def test_nothing_left(dist_world):
     raise AssertionError("must not run")
 
+def test_group(request, dist_world):
+    mark = request.node.get_closest_marker("xdist_group")
+    assert mark.kwargs == {"name": f"nemo_dist_gloo_w{dist_world.size}"}
+
+def test_plain(request):
+    assert request.node.get_closest_marker("xdist_group") is None
+
 def test_factory(world_factory):
     assert world_factory(2) is world_factory(2)
     assert world_factory(2).run(rank_and_size) == [(0, 2), (1, 2)]
@@ -53,7 +60,7 @@ def keep_hypothesis_profile() -> Iterator[None]:
 
 @pytest.mark.usefixtures("keep_hypothesis_profile")
 def test_dist_world_is_parametrized_by_selected_sizes(pytester: pytest.Pytester) -> None:
-    """dist_world runs per --dist-world-sizes, intersected with world_sizes; empty -> skip."""
+    """dist_world runs per --dist-world-sizes, intersected with world_sizes (empty: skip), one xdist_group per world."""
     pytester.makepyfile(test_ranks=_RANK_FILE)
     result = pytester.runpytest("--dist-world-sizes=1,2", "-v", "-rs", "--strict-markers")
     result.stdout.fnmatch_lines_random(
@@ -62,10 +69,11 @@ def test_dist_world_is_parametrized_by_selected_sizes(pytester: pytest.Pytester)
             "*test_ranks[[]w2[]] PASSED*",
             "*test_restricted[[]w2[]] PASSED*",
             "*test_factory PASSED*",
+            "*test_group[[]w2[]] PASSED*",
             "*no world size left: world_sizes(7,) and --dist-world-sizes=1,2 do not intersect*",
         ]
     )
-    result.assert_outcomes(passed=4, skipped=1)
+    result.assert_outcomes(passed=7, skipped=1)
     assert "test_restricted[w1]" not in result.stdout.str()
 
 
@@ -185,23 +193,34 @@ def test_hypothesis_shrinks_a_failure_across_ranks(pytester: pytest.Pytester) ->
     assert re.search(r"rank \d raised AssertionError: rank \d got 11", out)
 
 
-_GROUP_FILE = """
+_HANG_FILE = """
 import pytest
+import torch.distributed as dist
 
-@pytest.mark.world_sizes(1, 2)
-def test_group(request, dist_world):
-    mark = request.node.get_closest_marker("xdist_group")
-    assert mark.kwargs == {"name": f"nemo_dist_gloo_w{dist_world.size}"}
+def hang_on_rank_one():
+    if dist.get_rank() == 1:
+        dist.barrier()
 
-def test_plain(request):
-    assert request.node.get_closest_marker("xdist_group") is None
+@pytest.mark.world_sizes(2)
+def test_hangs(dist_world):
+    dist_world.run(hang_on_rank_one)
+
+@pytest.mark.world_sizes(2)
+def test_after(dist_world):
+    assert dist_world.run(dist.get_rank) == [0, 1]
 """
 
 
 @pytest.mark.usefixtures("keep_hypothesis_profile")
-def test_dist_world_tests_get_one_xdist_group_per_world(pytester: pytest.Pytester) -> None:
-    """dist_world tests are marked xdist_group per (backend, size) for --dist loadgroup."""
-    pytest.importorskip("xdist")
-    pytester.makepyfile(test_group=_GROUP_FILE)
-    result = pytester.runpytest("--dist-world-sizes=1,2", "--strict-markers")
-    result.assert_outcomes(passed=3)
+def test_hang_fails_the_test_with_stacks_and_the_next_test_passes(pytester: pytest.Pytester) -> None:
+    """Under --dist-timeout a hung rank fails its test with its barrier stack; the next test passes."""
+    pytester.makepyfile(test_hang=_HANG_FILE)
+    result = pytester.runpytest("--dist-timeout=1.5", "-p", "no:randomly")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*WorldTimeout: rank 1 of 2 did not finish within 1.5 s running test_hang.hang_on_rank_one*",
+            "*--- rank 1 stack ---*",
+            "*in barrier*",
+        ]
+    )
