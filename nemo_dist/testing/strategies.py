@@ -25,6 +25,7 @@ __all__ = [
     "LAYOUTS",
     "all_dtypes",
     "apply_layout",
+    "ddp_configs",
     "float_dtypes",
     "layouts",
     "rank_tensors",
@@ -208,3 +209,6 @@ def upstream_grads(
     :func:`rank_tensors` for ``values``. Shrinks toward all zeros.
     """
     return rank_tensors(world_size, out_shape, dtype, values=values)
+
+
+from nemo_dist.testing._ddp_strategies import ddp_configs  # noqa: E402  (re-export; defined in its own module)
