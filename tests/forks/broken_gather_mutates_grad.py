@@ -25,7 +25,7 @@ __all__ = ["_AllGatherWithGrad", "all_gather_no_grad", "all_gather_with_grad"]
 
 class _ZeroingRows(_GatherRows):
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         out = _scatter_grad(grad, ctx.group, ctx.rank, ctx.size, ctx.rows)
         grad.zero_()  # BUG: modifies the caller's gradient in place
         return out, None, None, None, None

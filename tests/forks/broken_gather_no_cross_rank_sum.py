@@ -24,7 +24,7 @@ __all__ = ["_AllGatherWithGrad", "all_gather_no_grad", "all_gather_with_grad"]
 
 class _OwnSliceRows(_GatherRows):
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         rows = ctx.rows or (grad.shape[0] // ctx.size,) * ctx.size
         start = sum(rows[: ctx.rank])
         return grad[start : start + rows[ctx.rank]].clone(), None, None, None, None  # BUG: no sum over ranks

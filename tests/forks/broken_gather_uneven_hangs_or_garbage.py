@@ -48,12 +48,12 @@ def _flat_gather(x: torch.Tensor, group: Any, size: int, numels: tuple[int, ...]
 
 class _FlatRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, rank: int, size: int, rows: Any, numels: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any, rank: int, size: int, rows: Any, numels: Any) -> torch.Tensor:
         ctx.group, ctx.rank, ctx.size, ctx.rows = group, rank, size, rows
         return _flat_gather(x, group, size, numels)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return _scatter_grad(grad, ctx.group, ctx.rank, ctx.size, ctx.rows), None, None, None, None, None
 
 

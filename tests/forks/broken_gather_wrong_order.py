@@ -23,7 +23,7 @@ __all__ = ["_AllGatherWithGrad", "all_gather_no_grad", "all_gather_with_grad"]
 
 class _RotatedRows(_GatherRows):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, rank: int, size: int, rows: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any, rank: int, size: int, rows: Any) -> torch.Tensor:
         out = _GatherRows.forward(ctx, x, group, rank, size, rows)
         return torch.roll(out, shifts=x.shape[0], dims=0)  # BUG: rank order rotated
 

@@ -68,12 +68,12 @@ def _sum_my_rows(grad: torch.Tensor, group: Any, rank: int, rows: Sequence[int])
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, rank: int, rows: list[int]) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any, rank: int, rows: list[int]) -> torch.Tensor:
         ctx.group, ctx.rank, ctx.rows = group, rank, rows
         return torch.cat(_gather_parts(x, group, len(rows), rows))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return _sum_my_rows(grad, ctx.group, ctx.rank, ctx.rows), None, None, None
 
 
@@ -81,7 +81,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
     """forward(ctx, x) -> one tensor per rank; backward sums every rank's gradient of my slice."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         _validate(x)
         ctx.where = _rank_and_size(None)
         if ctx.where is None:
@@ -89,7 +89,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return tuple(_gather_parts(x, None, ctx.where[1], [x.shape[0]] * ctx.where[1]))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
         if ctx.where is None:
             return grads[0]
         rank, size = ctx.where
