@@ -1,0 +1,35 @@
+"""Run the conformance command as a subprocess from the checkout root (helper of the CLI tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["ROOT", "run_command", "run_torchrun"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def run_command(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python -m nemo_dist.conformance *args`` in the checkout root; stdout and stderr captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_dist.conformance", *args],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def run_torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node nproc -m nemo_dist.conformance *args`` in the checkout root."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+         "-m", "nemo_dist.conformance", *args],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout, check=False,
+    )

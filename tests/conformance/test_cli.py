@@ -1,0 +1,101 @@
+"""Layer 3: the real command as a subprocess (``python -m nemo_dist.conformance``), in gloo worlds of 2 ranks.
+
+Usage errors are checked in-process through ``main(argv)`` (no world starts);
+one of them also through the subprocess, for the real exit status.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from nemo_dist.conformance.__main__ import main
+from tests.conformance._cli import run_command
+
+QUICK = ("--world-sizes", "2", "--max-examples", "3", "-q")
+
+
+def test_reference_passes_core_and_prints_the_table() -> None:
+    """Against the bundled modules the core tier passes: exit 0 and a table of PASS rows."""
+    result = run_command("--tier", "core", *QUICK)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "check" in result.stdout
+    assert "gather.forward_matches_cat" in result.stdout
+    assert " PASS " in result.stdout
+    assert " FAIL" not in result.stdout
+    assert "CONFORMS (exit 0)" in result.stdout
+
+
+def test_broken_fork_exits_one_with_the_shrunk_example_and_junit(tmp_path: Path) -> None:
+    """A gather fork that drops the last rank fails: FAIL row, the failing example, the difference, JUnit failure."""
+    junit = tmp_path / "conformance.xml"
+    result = run_command(
+        "--gather", "tests.forks.broken_gather_forward_drops_last_rank", "--tier", "core",
+        "-k", "forward_matches_cat", "--junit-xml", str(junit), *QUICK,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "gather.forward_matches_cat" in result.stdout
+    assert " FAIL " in result.stdout
+    assert "Failing test case" in result.stdout
+    assert "expected (2," in result.stdout
+    assert "DOES NOT CONFORM (exit 1)" in result.stdout
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures")) == ("1", "1")
+
+
+def test_missing_extended_keyword_is_not_supported_and_only_strict_fails() -> None:
+    """A fork without uneven= reports NOT SUPPORTED and exits 0; with --strict it exits 1."""
+    args = ("--gather", "tests.forks.upstream_style_gather", "--tier", "extended", "-k", "uneven", *QUICK)
+    result = run_command(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "NOT SUPPORTED" in result.stdout
+    assert "takes no uneven= keyword" in result.stdout
+    strict = run_command(*args, "--strict")
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+
+
+def test_unimportable_module_is_a_usage_error_naming_it() -> None:
+    """A --gather module that does not import exits 2 with the module and the reason on stderr."""
+    result = run_command("--gather", "tests.forks.no_such_fork", *QUICK)
+    assert result.returncode == 2
+    assert "--gather module 'tests.forks.no_such_fork' does not import" in result.stderr
+    assert "No module named" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ddp", "nemo_dist.loss.dist_utils"], "--ddp module 'nemo_dist.loss.dist_utils' has no DDPManager"),
+        (["--gather", "nemo_dist.distributed.config"], "has no all_gather_with_grad, all_gather_no_grad"),
+        (["--preset", "nemo_automodel"], "'nemo_automodel.components.loss.dist_utils' does not import"),
+        (["--preset", "mine"], "unknown --preset 'mine'; choose one of nemo_dist, nemo_automodel"),
+        (["--world-sizes", "2,zero"], "--world-sizes expects an integer >= 1"),
+        (["--world-sizes", "0"], "--world-sizes expects an integer >= 1"),
+        (["--max-examples", "-1"], "--max-examples expects an integer >= 1"),
+        (["--tier", "nightly"], "--tier expects one of core, extended, all"),
+        (["--backend", "mpi"], "--backend expects gloo or nccl"),
+        (["--timeout", "0"], "--timeout expects a number of seconds > 0"),
+    ],
+    ids=["ddp-lacks-manager", "gather-lacks-functions", "preset-not-installed", "unknown-preset",
+         "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout"],
+)
+def test_usage_errors_exit_two_saying_what_and_how(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each bad command line exits 2 before any world starts, with a message naming the problem."""
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_nccl_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """--backend nccl on a machine without CUDA exits 2 and suggests gloo."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here, so nccl is a valid backend")
+    assert main(["--backend", "nccl"]) == 2
+    assert "use --backend gloo" in capsys.readouterr().err
