@@ -206,10 +206,12 @@ os._exit(0)
 """
 
 
-def test_ranks_die_with_their_parent() -> None:
+def test_ranks_die_with_their_parent(tmp_path: Path) -> None:
     """Ranks of a parent that exits without close() die too (no orphans)."""
+    # A parent killed abruptly cannot remove its World's temp dir: keep it in tmp_path.
     out = subprocess.run(
         [sys.executable, "-c", _ORPHAN_SCRIPT],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,
         check=True,
