@@ -98,6 +98,7 @@ def forward_matches_cat(world: WorldLike, impl: Implementation) -> None:
         expected = torch.cat(inputs)
         for r, result in enumerate(results):
             _assert_same(result["out"], expected, f"rank {r}: all_gather_with_grad output")
+            assert result["input_intact"], f"rank {r}: all_gather_with_grad modified the caller's input in place"
             assert result["requires_grad"] == requires_grad, (
                 f"rank {r}: output requires_grad is {result['requires_grad']} for an input with "
                 f"requires_grad={requires_grad}"
@@ -121,6 +122,7 @@ def no_grad_matches_cat_without_grad(world: WorldLike, impl: Implementation) -> 
         for r, result in enumerate(results):
             _assert_same(result["out"], expected, f"rank {r}: all_gather_no_grad output")
             assert not result["requires_grad"], f"rank {r}: all_gather_no_grad output requires grad"
+            assert result["input_intact"], f"rank {r}: all_gather_no_grad modified the caller's input in place"
 
     prop()
 

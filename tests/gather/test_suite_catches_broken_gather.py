@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from nemo_dist.conformance import gather_checks
-from nemo_dist.conformance._impl import Implementation
+from nemo_dist.conformance._impl import Implementation, NotSupported
 from nemo_dist.conformance._registry import CHECKS, Check
 from nemo_dist.testing.plugin import WorldFactory
 
@@ -52,3 +52,14 @@ GATHER_CHECKS = [c for c in CHECKS.values() if c.component == "gather"]
 def test_independent_fork_passes_every_gather_check(world_factory: WorldFactory, check: Check) -> None:
     """A correct fork written from the SPEC alone passes every gather check (in a world of 3, or 1 for w1 checks)."""
     check(world_factory(_world_size_for(check)), _fork("independent_gather"))
+
+
+@pytest.mark.parametrize(
+    "check",
+    [gather_checks.uneven_gathers_rows_in_rank_order, gather_checks.group_uses_group_ranks],
+    ids=["uneven", "group"],
+)
+def test_extended_checks_report_missing_keyword_as_not_supported(world_factory: WorldFactory, check: Check) -> None:
+    """A fork whose all_gather_with_grad lacks uneven=/group= gets NotSupported, not a failure."""
+    with pytest.raises(NotSupported, match=r"takes no (uneven|group)= keyword"):
+        check(world_factory(3), _fork("upstream_style_gather"))
