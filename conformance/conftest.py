@@ -42,8 +42,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--conformance-backend", default="gloo", help="gloo or nccl (default gloo)")
 
 
-def implementation(config: pytest.Config) -> Implementation:
-    """The ``Implementation`` the options name; ``pytest.UsageError`` saying how to fix a bad one."""
+def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ...]]:
+    """The ``Implementation`` the options name and the components to check.
+
+    Named components are checked, the bundled modules serve the others; a
+    preset names all three; naming nothing checks the bundled modules.
+    Raises ``pytest.UsageError`` saying how to fix a bad option.
+    """
     from nemo_dist.conformance import PRESETS, REFERENCE, Implementation
 
     named = {c: config.getoption(f"--conformance-{c}") for c in _COMPONENTS}
@@ -55,11 +60,12 @@ def implementation(config: pytest.Config) -> Implementation:
                 f"--conformance-preset {preset!r} is unknown; use one of {', '.join(PRESETS)}"
             )
         base = PRESETS[preset]
-        impl = Implementation(**{c: named.get(c, getattr(base, c)) for c in _COMPONENTS})
+        impl, checked = Implementation(**{c: named.get(c, getattr(base, c)) for c in _COMPONENTS}), _COMPONENTS
     elif named:
-        impl = Implementation(**{c: named.get(c) for c in _COMPONENTS})
+        impl = Implementation(**{c: named.get(c, getattr(REFERENCE, c)) for c in _COMPONENTS})
+        checked = tuple(c for c in _COMPONENTS if c in named)
     else:
-        impl = REFERENCE
+        impl, checked = REFERENCE, _COMPONENTS
     for component in _COMPONENTS:
         path = getattr(impl, component)
         if path is None:
@@ -71,7 +77,7 @@ def implementation(config: pytest.Config) -> Implementation:
                 f"--conformance-{component} module {path!r} does not import: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
-    return impl
+    return impl, checked
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -96,8 +102,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from nemo_dist.conformance import load_checks, select_checks
 
     config = metafunc.config
-    impl = implementation(config)
-    checks = select_checks(load_checks().values(), impl, config.getoption("--conformance-tier"))
+    impl, checked = implementation(config)
+    checks = select_checks(load_checks().values(), impl, config.getoption("--conformance-tier"), None, checked)
     cases = [
         pytest.param((c.name, size), id=f"{c.name}-w{size}")
         for c in checks
@@ -110,4 +116,4 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def conformance_impl(pytestconfig: pytest.Config) -> Implementation:
     """The implementation under test, as the ``--conformance-*`` options name it."""
-    return implementation(pytestconfig)
+    return implementation(pytestconfig)[0]

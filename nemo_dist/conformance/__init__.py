@@ -19,6 +19,7 @@ from nemo_dist.conformance._runner import (
     TIERS,
     Report,
     Verdict,
+    checked_components,
     hypothesis_settings,
     is_not_supported,
     run_check,
@@ -39,6 +40,7 @@ __all__ = [
     "Verdict",
     "WorldLike",
     "check",
+    "checked_components",
     "hypothesis_settings",
     "is_not_supported",
     "load_checks",
@@ -79,16 +81,18 @@ def run_conformance(
     backend: str = "gloo",
     *,
     select: str | None = None,
+    components: Sequence[str] | None = None,
     timeout: float = 120.0,
     on_verdict: Callable[[Verdict], None] | None = None,
 ) -> Report:
     """Run the registered checks of ``tier`` for the components ``impl`` names.
 
     One persistent world per size in ``world_sizes`` (gloo by default);
-    ``select`` keeps checks whose name contains it. Returns the
+    ``select`` keeps checks whose name contains it; ``components`` limits
+    the checks to those components (the other modules still serve them). Returns the
     :class:`Report`; ``report.exit_code(strict)`` is what the command exits with.
     """
-    checks = select_checks(load_checks().values(), impl, tier, select)
+    checks = select_checks(load_checks().values(), impl, tier, select, components)
     return run_checks(
         checks,
         impl,
@@ -98,6 +102,7 @@ def run_conformance(
         max_examples=max_examples,
         timeout=timeout,
         on_verdict=on_verdict,
+        components=components,
     )
 
 

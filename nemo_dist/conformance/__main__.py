@@ -50,9 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nemo-dist-conformance",
         description="Check that an implementation of the nemo_dist components (the bundled "
-        "one, or a fork named by module paths) keeps the contract. Naming any of "
-        "--gather/--ddp/--config/--preset checks only those components; naming none "
-        "checks the bundled nemo_dist modules.",
+        "one, or a fork named by module paths) keeps the contract. Naming some of "
+        "--gather/--ddp/--config checks only those components (the bundled modules serve "
+        "the others); --preset names all three; naming none checks the bundled nemo_dist modules.",
         epilog="Exit status: 0 conforms, 1 a check failed, 2 usage error. Under torchrun "
         "(torchrun --nproc-per-node N -m nemo_dist.conformance ...) the checks run in "
         "the torchrun world and rank 0 prints the table.",
@@ -107,7 +107,13 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _implementation(args: argparse.Namespace) -> Implementation:
+def _implementation(args: argparse.Namespace) -> tuple[Implementation, tuple[str, ...]]:
+    """The implementation and the components to check.
+
+    A preset names all three modules (flags override it); without one, the
+    named components are checked and the bundled modules serve the others
+    (a DDP check needs a config class); naming nothing checks the bundled ones.
+    """
     named = {c: getattr(args, c) for c in REQUIRED if getattr(args, c)}
     if args.preset is not None:
         if args.preset not in PRESETS:
@@ -116,10 +122,11 @@ def _implementation(args: argparse.Namespace) -> Implementation:
                 "or name the modules with --gather/--ddp/--config"
             )
         base = PRESETS[args.preset]
-        return Implementation(**{c: named.get(c, getattr(base, c)) for c in REQUIRED})
+        return Implementation(**{c: named.get(c, getattr(base, c)) for c in REQUIRED}), tuple(REQUIRED)
     if not named:
-        return REFERENCE
-    return Implementation(**{c: named.get(c) for c in REQUIRED})
+        return REFERENCE, tuple(REQUIRED)
+    impl = Implementation(**{c: named.get(c, getattr(REFERENCE, c)) for c in REQUIRED})
+    return impl, tuple(c for c in REQUIRED if c in named)
 
 
 def _validate(impl: Implementation) -> None:
@@ -152,7 +159,9 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _options(args: argparse.Namespace) -> tuple[Implementation, tuple[int, ...], int, float]:
+def _options(
+    args: argparse.Namespace,
+) -> tuple[Implementation, tuple[str, ...], tuple[int, ...], int, float]:
     if args.tier not in TIERS:
         raise UsageError(f"--tier expects one of {', '.join(TIERS)}; got {args.tier!r}")
     if args.backend not in ("gloo", "nccl"):
@@ -167,9 +176,9 @@ def _options(args: argparse.Namespace) -> tuple[Implementation, tuple[int, ...],
         timeout = -1.0
     if not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout expects a number of seconds > 0, such as --timeout 120; got {args.timeout!r}")
-    impl = _implementation(args)
+    impl, components = _implementation(args)
     _validate(impl)
-    return impl, sizes, max_examples, timeout
+    return impl, components, sizes, max_examples, timeout
 
 
 def _emit(report: Report, args: argparse.Namespace) -> int:
@@ -191,7 +200,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     try:
-        impl, _, max_examples, timeout = _options(args)
+        impl, components, _, max_examples, timeout = _options(args)
     except UsageError as exc:
         if rank == 0:
             print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
@@ -200,7 +209,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
 
     init_from_env(args.backend, timeout)
     try:
-        checks = select_checks(load_checks().values(), impl, args.tier, args.select)
+        checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
         report = run_in_world(
             checks,
             impl,
@@ -208,6 +217,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
             tier=args.tier,
             max_examples=max_examples,
             on_verdict=_progress(args, rank),
+            components=components,
         )
         if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
             report = Report(
@@ -218,6 +228,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
                 report.max_examples,
                 report.seconds,
                 (*report.notes, "--world-sizes is ignored under torchrun: the world is torchrun's"),
+                report.components,
             )
         code = _emit(report, args) if rank == 0 else report.exit_code(args.strict)
         codes: list[int | None] = [None] * dist.get_world_size()
@@ -238,11 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if in_torchrun():
         return _main_torchrun(args)
     try:
-        impl, sizes, max_examples, timeout = _options(args)
+        impl, components, sizes, max_examples, timeout = _options(args)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
-    checks = select_checks(load_checks().values(), impl, args.tier, args.select)
+    checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
     if not checks:
         print(
             "nemo-dist-conformance: error: no check selected (tier "
@@ -259,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_examples=max_examples,
         timeout=timeout,
         on_verdict=_progress(args),
+        components=components,
     )
     return _emit(report, args)
 

@@ -123,6 +123,7 @@ def run_in_world(
     tier: str,
     max_examples: int | None,
     on_verdict: Callable[[Verdict], None] | None = None,
+    components: Sequence[str] = ("gather", "ddp", "config"),
 ) -> Report:
     """Run ``checks`` in this process's existing world on every rank; return the report.
 
@@ -156,4 +157,5 @@ def run_in_world(
         max_examples,
         time.perf_counter() - start,
         (f"torchrun world of {world.size} ranks; rank 0 reports",),
+        tuple(components),
     )

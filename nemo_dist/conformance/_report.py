@@ -53,7 +53,9 @@ def format_report(report: Report, strict: bool = False) -> str:
     """
     impl = report.impl
     components = "  ".join(
-        f"{name}={getattr(impl, name) or '-'}" for name in ("gather", "ddp", "config")
+        f"{name}={getattr(impl, name) or '-'}" + ("" if name in report.components else " (used, not checked)")
+        for name in ("gather", "ddp", "config")
+        if getattr(impl, name) is not None
     )
     examples = "profile" if report.max_examples is None else str(report.max_examples)
     lines = [

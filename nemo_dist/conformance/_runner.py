@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "Report",
     "Verdict",
+    "checked_components",
     "hypothesis_settings",
     "is_not_supported",
     "run_check",
@@ -77,6 +78,8 @@ class Report:
     max_examples: int | None = None
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The components whose checks ran; the others' modules only served them.
+    components: tuple[str, ...] = ("gather", "ddp", "config")
 
     def count(self, outcome: Outcome) -> int:
         """Number of verdicts with ``outcome``."""
@@ -102,21 +105,27 @@ def select_checks(
     impl: Implementation,
     tier: str = "all",
     select: str | None = None,
+    components: Iterable[str] | None = None,
 ) -> list[Check]:
-    """The checks of ``tier`` whose component ``impl`` names, in the given order.
+    """The checks of ``tier`` and of the checked components, in the given order.
 
     ``tier`` is "core", "extended" or "all"; ``select`` keeps only checks whose
-    name contains it. Raises ``ValueError`` for an unknown tier.
+    name contains it; ``components`` defaults to those ``impl`` names (not
+    ``None``). Raises ``ValueError`` for an unknown tier.
     """
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {', '.join(TIERS)}; got {tier!r}")
+    wanted = set(checked_components(impl) if components is None else components)
     return [
         c
         for c in checks
-        if (tier == "all" or c.tier == tier)
-        and getattr(impl, c.component) is not None
-        and (not select or select in c.name)
+        if (tier == "all" or c.tier == tier) and c.component in wanted and (not select or select in c.name)
     ]
+
+
+def checked_components(impl: Implementation) -> tuple[str, ...]:
+    """The components ``impl`` names a module for, in the order gather, ddp, config."""
+    return tuple(c for c in ("gather", "ddp", "config") if getattr(impl, c) is not None)
 
 
 @contextmanager
@@ -240,6 +249,7 @@ def run_checks(
     timeout: float = 120.0,
     worlds: Callable[[int], WorldLike] | None = None,
     on_verdict: Callable[[Verdict], None] | None = None,
+    components: Sequence[str] | None = None,
 ) -> Report:
     """Run ``checks`` (already selected) in a world of each size; return the report.
 
@@ -247,7 +257,8 @@ def run_checks(
     a ``nemo_dist.testing.World(size, backend, timeout)``, or ``worlds(size)``
     when given (the caller then owns and closes it). Hypothesis runs with
     ``max_examples`` and no database (see :func:`hypothesis_settings`).
-    ``on_verdict`` is called after each check (progress output).
+    ``on_verdict`` is called after each check (progress output);
+    ``components`` (default: those ``impl`` names) is recorded in the report.
     Verdicts come in run order: by world size, then by check.
     """
     start = time.perf_counter()
@@ -270,6 +281,7 @@ def run_checks(
         tier,
         max_examples,
         time.perf_counter() - start,
+        components=tuple(checked_components(impl) if components is None else components),
     )
 
 
