@@ -28,10 +28,13 @@ Component = Literal["gather", "ddp", "config"]
 class WorldLike(Protocol):
     """What a check needs of a world."""
 
-    size: int
-    backend: str
+    @property
+    def size(self) -> int: ...
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]: ...
+    @property
+    def backend(self) -> str: ...
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)

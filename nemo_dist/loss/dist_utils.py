@@ -64,11 +64,35 @@ def _world(group: dist.ProcessGroup | None) -> tuple[int, int] | None:
 def _check_tensor(x: Any, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_not_0d(x: torch.Tensor, name: str) -> None:
     if x.dim() == 0:
         raise ValueError(
             f"{name}: cannot gather a 0-d tensor on dim 0 (shape {tuple(x.shape)}); "
             "use x.reshape(1) to gather scalars"
         )
+
+
+def _plan(
+    x: Any, group: dist.ProcessGroup | None, uneven: bool, name: str
+) -> tuple[int, int, tuple[int, ...] | None] | None:
+    """Validate ``x`` and return (rank, size, rows per rank or None), or None for the identity.
+
+    With ``uneven`` the shape checks happen after the metadata exchange, so that
+    a bad shape on one rank raises on every rank instead of hanging the others.
+    """
+    _check_tensor(x, name)
+    world = _world(group)
+    if world is None or not uneven:
+        _check_not_0d(x, name)
+    if world is None:
+        return None
+    rank, size = world
+    rows = _exchange_rows(x, group, size, name) if uneven else None
+    if rows is not None and len(set(rows)) == 1:
+        rows = None  # equal after all: the plain path, no padding
+    return rank, size, rows
 
 
 def _exchange_rows(
@@ -185,6 +209,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, ...]:
         _check_tensor(x, "_AllGatherWithGrad")
+        _check_not_0d(x, "_AllGatherWithGrad")
         world = _world(group)
         ctx.group = group
         ctx.world = world
@@ -220,14 +245,10 @@ def all_gather_with_grad(
     ``ValueError`` on every rank.  A 0-d ``x`` raises ``ValueError``.  The
     caller's tensors and incoming gradients are never modified.
     """
-    _check_tensor(x, "all_gather_with_grad")
-    world = _world(group)
-    if world is None:
+    plan = _plan(x, group, uneven, "all_gather_with_grad")
+    if plan is None:
         return x
-    rank, size = world
-    rows = _exchange_rows(x, group, size, "all_gather_with_grad") if uneven else None
-    if rows is not None and len(set(rows)) == 1:
-        rows = None  # equal after all: the plain path, no padding
+    rank, size, rows = plan
     return _GatherRows.apply(x, group, rank, size, rows)
 
 
@@ -241,13 +262,9 @@ def all_gather_no_grad(
     When torch.distributed is unavailable or not initialised, or the group has
     one rank, returns ``x.detach()`` (sharing ``x``'s storage).
     """
-    _check_tensor(x, "all_gather_no_grad")
-    world = _world(group)
-    if world is None:
+    plan = _plan(x, group, uneven, "all_gather_no_grad")
+    if plan is None:
         return x.detach()
-    _, size = world
+    _, size, rows = plan
     with torch.no_grad():
-        rows = _exchange_rows(x, group, size, "all_gather_no_grad") if uneven else None
-        if rows is not None and len(set(rows)) == 1:
-            rows = None
         return _gather(x.detach(), group, size, rows)
