@@ -29,6 +29,12 @@ CASES: dict[str, tuple[list[Any], str, dict[str, Any], dict[int, tuple[str, str]
         {"uneven": True},
         {-1: ("ValueError", r"0-d tensor")},
     ),
+    "0-d-on-one-rank-uneven": (
+        [torch.zeros(2, 3), torch.tensor(2.0)],
+        "with_grad",
+        {"uneven": True},
+        {-1: ("ValueError", r"0-d tensors cannot be gathered on dim 0 \(ranks \[1\]\)")},
+    ),
     "not-a-tensor": ([[1.0], [2.0]], "with_grad", {}, {-1: ("TypeError", r"expected a torch\.Tensor, got list")}),
     "not-a-tensor-no-grad": ([3, 4], "no_grad", {}, {-1: ("TypeError", r"expected a torch\.Tensor, got int")}),
     "uneven-trailing-dims-differ": (
