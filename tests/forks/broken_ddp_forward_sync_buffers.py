@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nemo_dist.distributed.activation_checkpointing import apply_activation_checkpointing
 from nemo_dist.distributed.ddp import DDPManager as _ReferenceManager
+from nemo_dist.distributed.ddp import _autocast_forward
 
 __all__ = ["DDPManager"]
 
@@ -39,4 +40,7 @@ class DDPManager(_ReferenceManager):
             kwargs["broadcast_buffers"] = self.broadcast_buffers
         if self.bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = self.bucket_cap_mb
-        return DistributedDataParallel(model, **kwargs)
+        wrapped = DistributedDataParallel(model, **kwargs)
+        if self.autocast_dtype is not None:
+            _autocast_forward(wrapped, self.device.type, self.autocast_dtype)
+        return wrapped

@@ -52,7 +52,7 @@ class _Checkpointed(nn.Module):
 class _AutocastDDP(DistributedDataParallel):
     """DDP whose forward runs under ``torch.autocast``."""
 
-    autocast_dtype: torch.dtype
+    autocast_dtype: torch.dtype | None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype):
