@@ -22,15 +22,6 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 
 __all__ = ["DDPManager"]
 
-_FIELDS = (
-    "activation_checkpointing",
-    "activation_checkpointing_scope",
-    "broadcast_buffers",
-    "find_unused_parameters",
-    "static_graph",
-    "bucket_cap_mb",
-    "gradient_as_bucket_view",
-)
 _SAVE = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default]
 
 
@@ -119,9 +110,14 @@ class DDPManager:
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        for name in _FIELDS:
-            setattr(self, name, getattr(config, name))
-        self.autocast_dtype = getattr(config, "autocast_dtype", None)
+        self.activation_checkpointing: bool | str = config.activation_checkpointing
+        self.activation_checkpointing_scope: tuple[str, ...] = config.activation_checkpointing_scope
+        self.broadcast_buffers: bool = config.broadcast_buffers
+        self.find_unused_parameters: bool = config.find_unused_parameters
+        self.static_graph: bool = config.static_graph
+        self.bucket_cap_mb: float | None = config.bucket_cap_mb
+        self.gradient_as_bucket_view: bool = config.gradient_as_bucket_view
+        self.autocast_dtype: torch.dtype | None = getattr(config, "autocast_dtype", None)
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("DDPManager needs torch.distributed initialised (init_process_group first)")
         self.rank = dist.get_rank()
