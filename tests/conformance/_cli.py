@@ -7,12 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ROOT", "run_command", "run_torchrun"]
+__all__ = ["ROOT", "clean_env", "run_command", "run_torchrun"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
+    """This environment without torchrun's variables or PYTEST_ADDOPTS (so a child starts its own world)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.pop("PYTEST_ADDOPTS", None)
     return env
@@ -22,7 +23,7 @@ def run_command(*args: str, timeout: float = 240) -> subprocess.CompletedProcess
     """``python -m nemo_dist.conformance *args`` in the checkout root; stdout and stderr captured."""
     return subprocess.run(
         [sys.executable, "-m", "nemo_dist.conformance", *args],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False,
     )
 
 
@@ -31,5 +32,5 @@ def run_torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Com
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
          "-m", "nemo_dist.conformance", *args],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False,
     )

@@ -1,0 +1,37 @@
+"""Layer 3: ``pytest conformance/`` as a subprocess, in gloo worlds of 2 ranks: the checks as pytest tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conformance._cli import ROOT, clean_env
+
+
+def _pytest_conformance(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance/", "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
+         "--dist-world-sizes", "2", "--conformance-max-examples", "3", *args],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=240, check=False,
+    )
+
+
+def test_checks_run_as_pytest_tests_failing_and_skipping_per_check() -> None:
+    """A broken fork fails its check's test with the falsifying example; a missing keyword is a skip."""
+    result = _pytest_conformance(
+        "--conformance-gather", "tests.forks.broken_gather_forward_drops_last_rank",
+        "-k", "forward_matches or uneven_gathers", "-rfs",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED conformance/test_conformance.py::test_check_holds[gather.forward_matches_cat-w2]" in result.stdout
+    assert "Failing test case" in result.stdout
+    assert "not supported: tests.forks.broken_gather_forward_drops_last_rank.all_gather_with_grad takes no uneven=" \
+        in result.stdout
+    assert "1 failed, 1 skipped" in result.stdout
+
+
+def test_unimportable_module_is_a_pytest_usage_error() -> None:
+    """A module that does not import stops pytest with a usage error naming it."""
+    result = _pytest_conformance("--conformance-ddp", "tests.forks.no_such_fork")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "--conformance-ddp module 'tests.forks.no_such_fork' does not import" in result.stderr
