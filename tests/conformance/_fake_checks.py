@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
 
-__all__ = ["CRASHING", "FAILING", "NOT_SUPPORTED", "NOT_SUPPORTED_ON_RANKS", "PASSING", "SIZE_TWO_ONLY"]
+__all__ = ["CRASHING", "FAILING", "HANGING", "NOT_SUPPORTED", "NOT_SUPPORTED_ON_RANKS", "PASSING", "SIZE_TWO_ONLY"]
 
 
 def _rank() -> int:
@@ -35,6 +35,14 @@ def _die_on_last_rank() -> int:
 
     if dist.get_rank() == dist.get_world_size() - 1:
         os._exit(3)
+    return 0
+
+
+def _rank_zero_waits_alone() -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.barrier()  # the other ranks never join: a hang
     return 0
 
 
@@ -69,9 +77,15 @@ def _crashing(world: WorldLike, impl: Implementation) -> None:
     world.run(_die_on_last_rank)
 
 
+def _hanging(world: WorldLike, impl: Implementation) -> None:
+    """Rank 0 waits in a barrier no other rank joins."""
+    world.run(_rank_zero_waits_alone)
+
+
 PASSING = Check("fake.passes", "core", "gather", _passing)
 FAILING = Check("fake.fails_under_hypothesis", "core", "gather", _failing, min_world=2)
 NOT_SUPPORTED = Check("fake.not_supported", "extended", "gather", _not_supported)
 NOT_SUPPORTED_ON_RANKS = Check("fake.not_supported_on_ranks", "extended", "gather", _not_supported_on_ranks)
 CRASHING = Check("fake.crashes", "core", "ddp", _crashing)
+HANGING = Check("fake.hangs", "core", "gather", _hanging, min_world=2)
 SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)

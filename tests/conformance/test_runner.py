@@ -7,6 +7,7 @@ from typing import cast
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Report, WorldLike, run_checks
+from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
 
@@ -84,3 +85,13 @@ def test_not_supported_reason_comes_from_the_ranks(report: Report) -> None:
 def test_core_failure_makes_the_exit_code_one(report: Report) -> None:
     """A failing core check exits 1."""
     assert report.exit_code() == 1
+
+
+def test_a_hung_check_fails_with_the_stacks_and_the_next_check_runs() -> None:
+    """A check whose ranks hang fails with the harness's timeout report; the replaced world serves the next check."""
+    with World(2, timeout=5.0) as world:
+        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), worlds=lambda size: cast(WorldLike, world))
+    hung, after = report.verdicts
+    assert hung.outcome == "fail"
+    assert hung.message.startswith("WorldTimeout: rank 0 of 2 did not finish within 5 s")
+    assert after.outcome == "pass"
