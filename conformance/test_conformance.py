@@ -25,7 +25,7 @@ def test_check_holds(
     name, size = conformance_case
     check = CHECKS[name]
     world = cast(WorldLike, world_factory(size, pytestconfig.getoption("--conformance-backend")))
-    with hypothesis_settings(pytestconfig.getoption("--conformance-max-examples")):
+    with hypothesis_settings(pytestconfig.getoption("--conformance-max-examples"), database=True):
         try:
             check(world, conformance_impl)
         except Exception as exc:

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nemo_dist.conformance import (
     PRESETS,
@@ -20,6 +20,7 @@ from nemo_dist.conformance import (
     TIERS,
     Implementation,
     Report,
+    Verdict,
     load_checks,
     run_checks,
     select_checks,
@@ -189,10 +190,13 @@ def _emit(report: Report, args: argparse.Namespace) -> int:
     return report.exit_code(args.strict)
 
 
-def _progress(args: argparse.Namespace, rank: int = 0):  # type: ignore[no-untyped-def]
-    if args.quiet or rank != 0:
-        return None
-    return lambda v: print(format_progress(v), file=sys.stderr, flush=True)
+def _print_progress(verdict: Verdict) -> None:
+    print(format_progress(verdict), file=sys.stderr, flush=True)
+
+
+def _progress(args: argparse.Namespace, rank: int = 0) -> Callable[[Verdict], None] | None:
+    """Per-verdict progress printer for stderr (rank 0 only; none with -q)."""
+    return None if args.quiet or rank != 0 else _print_progress
 
 
 def _main_torchrun(args: argparse.Namespace) -> int:

@@ -130,12 +130,12 @@ def checked_components(impl: Implementation) -> tuple[str, ...]:
 
 @contextmanager
 def hypothesis_settings(
-    max_examples: int | None, *, derandomize: bool = False
+    max_examples: int | None, *, derandomize: bool = False, database: bool = False
 ) -> Iterator[None]:
     """Run the body under conformance hypothesis settings, then restore the previous ones.
 
-    No example database, no deadline, no ``too_slow`` health check, no
-    ``explain`` phase;
+    No example database (unless ``database``: pytest keeps its own), no
+    deadline, no ``too_slow`` health check, no ``explain`` phase;
     ``max_examples`` when given (else the active profile's). ``derandomize``
     makes every process draw the same examples (torchrun mode).
     """
@@ -144,10 +144,11 @@ def hypothesis_settings(
     previous = settings.default
     assert previous is not None
     changes: dict[str, object] = {
-        "database": None,
         "deadline": None,
         "suppress_health_check": [*previous.suppress_health_check, HealthCheck.too_slow],
     }
+    if not database:
+        changes["database"] = None
     if max_examples is not None:
         changes["max_examples"] = max_examples
     # "explain" replays examples to list the lines only failing cases ran:
