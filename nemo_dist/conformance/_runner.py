@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import unittest
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -203,7 +204,9 @@ def run_check(check: Check, world: WorldLike, impl: Implementation) -> Verdict:
     """Run ``check`` once in ``world`` against ``impl`` and return its verdict.
 
     Never raises for a failing implementation: ``NotSupported`` (raised in the
-    parent or on every rank) gives "not supported"; an assertion or any other
+    parent or on every rank) gives "not supported"; ``unittest.SkipTest`` (the
+    environment cannot run the check, e.g. it needs a process outside any
+    world) and a world size outside the check's range give "skipped"; an assertion or any other
     exception (``RankFailure``, ``WorldTimeout`` included) gives "fail" with
     its message and the shrunk hypothesis example. Only ``KeyboardInterrupt``
     and ``SystemExit`` propagate.
@@ -227,7 +230,9 @@ def run_check(check: Check, world: WorldLike, impl: Implementation) -> Verdict:
         return verdict("skipped", f"runs in worlds of {limit} ranks")
     try:
         check(world, impl)
-    except Exception as exc:
+    except unittest.SkipTest as exc:
+        return verdict("skipped", str(exc))
+    except Exception as exc:  # every failure becomes a verdict
         if is_not_supported(exc):
             return verdict("not supported", _not_supported_reason(exc))
         return verdict("fail", _message(exc), _example(exc))

@@ -7,13 +7,23 @@ functions are module-level so a World can run them.
 from __future__ import annotations
 
 import os
+import unittest
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
 
-__all__ = ["CRASHING", "FAILING", "HANGING", "NOT_SUPPORTED", "NOT_SUPPORTED_ON_RANKS", "PASSING", "SIZE_TWO_ONLY"]
+__all__ = [
+    "CRASHING",
+    "ENVIRONMENT_SKIP",
+    "FAILING",
+    "HANGING",
+    "NOT_SUPPORTED",
+    "NOT_SUPPORTED_ON_RANKS",
+    "PASSING",
+    "SIZE_TWO_ONLY",
+]
 
 
 def _rank() -> int:
@@ -44,6 +54,11 @@ def _rank_zero_waits_alone() -> int:
     if dist.get_rank() == 0:
         dist.barrier()  # the other ranks never join: a hang
     return 0
+
+
+def _environment_skip(world: WorldLike, impl: Implementation) -> None:
+    """The environment cannot run this check (not the implementation's fault)."""
+    raise unittest.SkipTest("needs a process outside any world")
 
 
 def _passing(world: WorldLike, impl: Implementation) -> None:
@@ -88,4 +103,5 @@ NOT_SUPPORTED = Check("fake.not_supported", "extended", "gather", _not_supported
 NOT_SUPPORTED_ON_RANKS = Check("fake.not_supported_on_ranks", "extended", "gather", _not_supported_on_ranks)
 CRASHING = Check("fake.crashes", "core", "ddp", _crashing)
 HANGING = Check("fake.hangs", "core", "gather", _hanging, min_world=2)
+ENVIRONMENT_SKIP = Check("fake.environment_skip", "core", "gather", _environment_skip)
 SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)

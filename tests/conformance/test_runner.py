@@ -95,3 +95,13 @@ def test_a_hung_check_fails_with_the_stacks_and_the_next_check_runs() -> None:
     assert hung.outcome == "fail"
     assert hung.message.startswith("WorldTimeout: rank 0 of 2 did not finish within 5 s")
     assert after.outcome == "pass"
+
+
+def test_skip_test_from_a_check_is_skipped_not_failed(world_factory: WorldFactory) -> None:
+    """A check raising unittest.SkipTest (an environment limit) is skipped with its reason; --strict ignores it."""
+    report = run_checks(
+        [fake.ENVIRONMENT_SKIP], REFERENCE, (1,), worlds=lambda size: cast(WorldLike, world_factory(size))
+    )
+    (verdict,) = report.verdicts
+    assert (verdict.outcome, verdict.message) == ("skipped", "needs a process outside any world")
+    assert report.exit_code(strict=True) == 0
