@@ -20,12 +20,13 @@ def test_reference_passes_in_a_torchrun_world_and_rank_zero_prints_once() -> Non
 
 
 def test_broken_fork_fails_in_a_torchrun_world() -> None:
-    """A broken gather fork exits 1 under torchrun, with the FAIL row and the failing example."""
+    """A broken gather fork exits 1 under torchrun with the FAIL row and example; --world-sizes is noted as ignored."""
     result = run_torchrun(
         3, "--gather", "tests.forks.broken_gather_forward_drops_last_rank", "--max-examples", "3",
-        "--tier", "core", "-k", "forward_matches_cat", "-q",
+        "--tier", "core", "-k", "forward_matches_cat", "-q", "--world-sizes", "2",
     )
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "--world-sizes is ignored under torchrun" in result.stdout
     assert result.stdout.count("nemo_dist conformance:") == 1
     assert " FAIL " in result.stdout
     assert "Failing test case" in result.stdout
