@@ -200,6 +200,7 @@ def _progress(args: argparse.Namespace, rank: int = 0) -> Callable[[Verdict], No
 
 
 def _main_torchrun(args: argparse.Namespace) -> int:
+    """Check inside torchrun's world; ends the process with the status (``os._exit``) after a run."""
     from nemo_dist.conformance._inworld import init_from_env, run_in_world
 
     rank = int(os.environ.get("RANK", "0"))
@@ -237,13 +238,23 @@ def _main_torchrun(args: argparse.Namespace) -> int:
         code = _emit(report, args) if rank == 0 else report.exit_code(args.strict)
         codes: list[int | None] = [None] * dist.get_world_size()
         dist.all_gather_object(codes, code)
-        return max(c or 0 for c in codes)
+        status = max(c or 0 for c in codes)
     finally:
         dist.destroy_process_group()
+    # After a run with DDP, a normal interpreter exit sometimes aborts in a C++
+    # destructor ("terminate called without an active exception", SIGABRT),
+    # turning a verdict into a crash; leave without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    Under torchrun a completed run ends the process itself with the status
+    (see ``_main_torchrun``); usage errors still return 2.
+    """
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # `--gather tests.forks.x` imports from the checkout; ranks inherit sys.path
