@@ -18,7 +18,7 @@ import pytest
 if TYPE_CHECKING:
     from nemo_dist.conformance import Implementation
 
-_COMPONENTS = ("gather", "ddp", "config")
+_COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,11 +7,9 @@ is skipped with the reason; a failure shows hypothesis's shrunk example.
 
 from __future__ import annotations
 
-from typing import cast
-
 import pytest
 
-from nemo_dist.conformance import CHECKS, Implementation, WorldLike, hypothesis_settings, is_not_supported
+from nemo_dist.conformance import CHECKS, Implementation, hypothesis_settings, is_not_supported
 from nemo_dist.testing.plugin import WorldFactory
 
 
@@ -24,7 +22,7 @@ def test_check_holds(
     """The named check holds for the implementation in a world of the given size."""
     name, size = conformance_case
     check = CHECKS[name]
-    world = cast(WorldLike, world_factory(size, pytestconfig.getoption("--conformance-backend")))
+    world = world_factory(size, pytestconfig.getoption("--conformance-backend"))
     with hypothesis_settings(pytestconfig.getoption("--conformance-max-examples"), database=True):
         try:
             check(world, conformance_impl)

@@ -74,7 +74,7 @@ class InWorld:
         dist.all_gather_object(out, value)
         return out
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``fn(*args, **kwargs)`` here, and return every rank's result in rank order.
 
         Like ``World.run``, ``fn`` gets pickled copies of the arguments and

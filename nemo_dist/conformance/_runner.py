@@ -16,7 +16,7 @@ import unittest
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal
 
 from nemo_dist.conformance._impl import Implementation, NotSupported
 from nemo_dist.conformance._registry import Check, WorldLike
@@ -277,9 +277,7 @@ def run_checks(
             from nemo_dist.testing import World
 
             with World(size, backend, timeout) as world:
-                # World has read-only size/backend and a positional-only fn:
-                # it is a WorldLike in practice, not in mypy's eyes.
-                _run_in(checks, cast(WorldLike, world), impl, verdicts, on_verdict)
+                _run_in(checks, world, impl, verdicts, on_verdict)
     return Report(
         tuple(verdicts),
         impl,

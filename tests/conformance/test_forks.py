@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import cast
 
 import pytest
 
-from nemo_dist.conformance import REFERENCE, Implementation, Report, WorldLike, load_checks, run_checks, select_checks
+from nemo_dist.conformance import REFERENCE, Implementation, Report, load_checks, run_checks, select_checks
 from nemo_dist.conformance._report import format_report
 from nemo_dist.testing.plugin import WorldFactory
 
@@ -35,7 +34,7 @@ def _run(fork: str, world_factory: WorldFactory) -> tuple[Report, str]:
     impl = Implementation(**{**{c: getattr(REFERENCE, c) for c in ("gather", "ddp", "config")}, component: module})
     checks = select_checks(load_checks().values(), impl, "all", None, (component,))
     report = run_checks(
-        checks, impl, (2,), max_examples=10, worlds=lambda size: cast(WorldLike, world_factory(size)),
+        checks, impl, (2,), max_examples=10, worlds=world_factory,
         components=(component,),
     )
     return report, format_report(report)

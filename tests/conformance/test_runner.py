@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import pytest
 
-from nemo_dist.conformance import REFERENCE, Report, WorldLike, run_checks
+from nemo_dist.conformance import REFERENCE, Report, run_checks
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
@@ -24,7 +22,7 @@ def report(world_factory: WorldFactory) -> Report:
         fake.SIZE_TWO_ONLY,
     ]
     return run_checks(
-        checks, REFERENCE, (1, 2), max_examples=20, worlds=lambda size: cast(WorldLike, world_factory(size))
+        checks, REFERENCE, (1, 2), max_examples=20, worlds=world_factory
     )
 
 
@@ -90,7 +88,7 @@ def test_core_failure_makes_the_exit_code_one(report: Report) -> None:
 def test_a_hung_check_fails_with_the_stacks_and_the_next_check_runs() -> None:
     """A check whose ranks hang fails with the harness's timeout report; the replaced world serves the next check."""
     with World(2, timeout=5.0) as world:
-        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), worlds=lambda size: cast(WorldLike, world))
+        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), worlds=lambda size: world)
     hung, after = report.verdicts
     assert hung.outcome == "fail"
     assert hung.message.startswith("WorldTimeout: rank 0 of 2 did not finish within 5 s")
@@ -100,7 +98,7 @@ def test_a_hung_check_fails_with_the_stacks_and_the_next_check_runs() -> None:
 def test_skip_test_from_a_check_is_skipped_not_failed(world_factory: WorldFactory) -> None:
     """A check raising unittest.SkipTest (an environment limit) is skipped with its reason; --strict ignores it."""
     report = run_checks(
-        [fake.ENVIRONMENT_SKIP], REFERENCE, (1,), worlds=lambda size: cast(WorldLike, world_factory(size))
+        [fake.ENVIRONMENT_SKIP], REFERENCE, (1,), worlds=world_factory
     )
     (verdict,) = report.verdicts
     assert (verdict.outcome, verdict.message) == ("skipped", "needs a process outside any world")
