@@ -4,6 +4,12 @@ Every public function here runs on every rank of a world (through
 ``World.run``), takes an ``Implementation`` and plain data, builds its models
 with ``torch.manual_seed`` so all ranks start equal, and returns plain data
 (CPU tensors, ints, bools, strings) for the parent to assert on.
+
+Device: models are built on CPU and ``DDPManager.parallelize`` moves them to
+the manager's device (the rank's GPU under NCCL, else CPU).  Inputs, targets
+and the single-process reference copies follow the wrapped model's
+parameters (:func:`_device_of`), and every tensor returned goes back with
+``.cpu()``, so the same functions run in gloo and NCCL worlds.
 """
 
 from __future__ import annotations
@@ -186,18 +192,40 @@ def _manager(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
     return impl.module("ddp").DDPManager(config)
 
 
-def _local_rows(global_batch: torch.Tensor) -> torch.Tensor:
+def _device_of(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter: where its inputs and reference copies go."""
+    return next(module.parameters()).device
+
+
+def _ddp_device_ids(device: torch.device) -> list[torch.device] | None:
+    """``device_ids`` for a plain DDP on ``device``, as the contract's manager passes them."""
+    return [device] if device.type == "cuda" else None
+
+
+def _device_indices(device_ids: Any) -> Any:
+    """DDP's ``device_ids`` as plain indices (DDP stores ints; a fork may keep devices); else as is."""
+    if not isinstance(device_ids, list):
+        return device_ids
+    return [d if isinstance(d, int) else torch.device(d).index for d in device_ids]
+
+
+def _local_rows(global_batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     rank, size = dist.get_rank(), dist.get_world_size()
     rows = global_batch.shape[0] // size
-    return global_batch[rank * rows : (rank + 1) * rows]
+    return global_batch[rank * rows : (rank + 1) * rows].to(device)
+
+
+def _cpu(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy of ``tensor`` (always a copy, never an alias of a bucket or parameter)."""
+    return tensor.detach().to("cpu", copy=True)
 
 
 def _params(model: nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
+    return [_cpu(p) for p in model.parameters()]
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor | None]:
-    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+    return [None if p.grad is None else _cpu(p.grad) for p in model.parameters()]
 
 
 def _sgd_step(model: nn.Module, lr: float) -> None:
@@ -217,24 +245,44 @@ def manager_basics(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[
     """Build a manager and wrap a tiny model; report its attributes and the wrapper's shape.
 
     Returns rank/world_size as the manager and torch.distributed see them, the
-    device, each config field as mirrored on the manager and as on the config,
-    whether ``parallelize`` returned a DDP whose ``.module`` is the model on CPU,
-    and its ``device_ids``.
+    backend and the number of visible GPUs (0 without CUDA), the device, each
+    config field as mirrored on the manager and as on the config, whether
+    ``parallelize`` returned a DDP whose ``.module`` is the model, the devices
+    of its parameters, its ``device_ids`` (DDP stores indices: ints) and, under
+    CUDA, the current CUDA device after the manager was built.
+
+    To see that the manager itself makes its GPU current, the current device is
+    first set to another GPU (when there are two or more), and restored after.
     """
     config = impl.module("config").DDPConfig(**config_kwargs)
-    manager = impl.module("ddp").DDPManager(config)
+    backend = str(dist.get_backend())
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    watch_cuda = "nccl" in backend and cuda_count > 0  # gloo ranks never touch CUDA here
+    original = torch.cuda.current_device() if watch_cuda else None
+    try:
+        if watch_cuda and cuda_count > 1:
+            torch.cuda.set_device((dist.get_rank() + 1) % cuda_count)
+        manager = impl.module("ddp").DDPManager(config)
+        current = torch.cuda.current_device() if watch_cuda else None
+    finally:
+        if original is not None:
+            torch.cuda.set_device(original)
     model = _seeded(_TinyModel, 0)
     wrapped = manager.parallelize(model)
     inner = getattr(wrapped, "module", None)
+    device_ids = getattr(wrapped, "device_ids", "<missing>")
     return {
         "rank": (manager.rank, dist.get_rank()),
         "world_size": (manager.world_size, dist.get_world_size()),
-        "device": str(manager.device),
+        "backend": backend,
+        "cuda_count": cuda_count,
+        "device": str(getattr(manager, "device", "<missing>")),
+        "current_device": current,
         "mirrored": {f: (getattr(manager, f, "<missing>"), getattr(config, f)) for f in CONFIG_FIELDS},
         "is_ddp": isinstance(wrapped, DistributedDataParallel),
         "module_is_model": inner is model,
         "param_devices": sorted({str(p.device) for p in model.parameters()}),
-        "device_ids": getattr(wrapped, "device_ids", "<missing>"),
+        "device_ids": _device_indices(device_ids),
     }
 
 
@@ -249,7 +297,7 @@ def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list
     model.offset.fill_(float(rank))
     wrapped = _manager(impl, {"broadcast_buffers": broadcast_buffers}).parallelize(model)
     after_init = model.offset.tolist()
-    x = torch.ones(2, _DIM, dtype=torch.float64)
+    x = torch.ones(2, _DIM, dtype=torch.float64, device=_device_of(model))
     wrapped(x).sum().backward()
     model.offset.fill_(float(rank + 10))
     wrapped(x).sum().backward()
@@ -274,7 +322,7 @@ def _recording_hook(record: list[list[int]]) -> Any:
 def _bucket_sizes(wrapped: DistributedDataParallel, steps: int) -> list[int]:
     record: list[list[int]] = []
     wrapped.register_comm_hook(None, _recording_hook(record))
-    x = torch.ones(2, 32, dtype=torch.float64)
+    x = torch.ones(2, 32, dtype=torch.float64, device=_device_of(wrapped))
     for _ in range(steps):
         record.append([])
         wrapped(x).square().sum().backward()
@@ -286,13 +334,17 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
     """Bucket sizes (elements, sorted) seen by a comm hook on step ``steps`` for each cap.
 
     The model has six 1024-element float64 parameters.  Key ``"plain"`` is
-    torch's own DDP built with no ``bucket_cap_mb``, for comparison with None.
+    torch's own DDP built with no ``bucket_cap_mb``, for comparison with None,
+    on the device the manager put its model on.
     """
     layouts: dict[str, list[int]] = {}
+    device = torch.device("cpu")
     for cap in caps:
         wrapped = _manager(impl, {"bucket_cap_mb": cap}).parallelize(_seeded(_bucket_model, 2))
+        device = _device_of(wrapped)
         layouts[repr(cap)] = _bucket_sizes(wrapped, steps)
-    layouts["plain"] = _bucket_sizes(DistributedDataParallel(_seeded(_bucket_model, 2)), steps)
+    plain = DistributedDataParallel(_seeded(_bucket_model, 2).to(device), device_ids=_ddp_device_ids(device))
+    layouts["plain"] = _bucket_sizes(plain, steps)
     return layouts
 
 
@@ -304,7 +356,8 @@ def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict
     """
     model = _seeded(_SometimesUnused, 3)
     wrapped = _manager(impl, {"find_unused_parameters": find_unused_parameters}).parallelize(model)
-    x = _local_rows(torch.arange(4 * dist.get_world_size() * _DIM, dtype=torch.float64).reshape(-1, _DIM) / 50)
+    global_x = torch.arange(4 * dist.get_world_size() * _DIM, dtype=torch.float64).reshape(-1, _DIM) / 50
+    x = _local_rows(global_x, _device_of(model))
     try:
         for _ in range(2):
             wrapped(x).square().mean().backward()
@@ -330,7 +383,7 @@ def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, st
         return allreduce_hook(state, bucket)
 
     wrapped.register_comm_hook(None, hook)
-    x = torch.ones(2, 32, dtype=torch.float64)
+    x = torch.ones(2, 32, dtype=torch.float64, device=_device_of(model))
     verdicts: list[list[bool]] = []
     for _ in range(steps):
         ranges.clear()
@@ -357,7 +410,6 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
     ``find_unused_parameters=True``).  Returns for each the DDP object's
     ``static_graph`` attribute and the parameters of both runs after ``steps``.
     """
-    x = _local_rows(global_x)
     runs: dict[str, Any] = {}
     settings = {
         "checkpointed": (_TinyModel, {"activation_checkpointing": True}, {"activation_checkpointing": True}),
@@ -366,6 +418,7 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
     for name, (factory, static_extra, dynamic_extra) in settings.items():
         model = _seeded(factory, 5)
         wrapped = _manager(impl, {"static_graph": True, **static_extra}).parallelize(model)
+        x = _local_rows(global_x, _device_of(model))
         static_params = _train(wrapped, model, x, steps, 0.1)
         other = _seeded(factory, 5)
         dynamic_params = _train(_manager(impl, dynamic_extra).parallelize(other), other, x, steps, 0.1)
@@ -386,9 +439,9 @@ def checkpoint_recompute(
     {"recomputed": {block: (attn runs in backward, mlp runs in backward)}, "grads": [...]}}}``,
     with ``plain_grads`` from the same model wrapped without checkpointing.
     """
-    x = _local_rows(global_x)
     plain = _seeded(_MultimodalModel, 6)
     plain_wrapped = _manager(impl, {}).parallelize(plain)  # kept alive through backward
+    x = _local_rows(global_x, _device_of(plain))
     _square_loss(plain_wrapped(x)).backward()
     result: dict[str, Any] = {"plain_grads": _grads(plain), "scopes": {}}
     for scope in scopes:
@@ -397,7 +450,7 @@ def checkpoint_recompute(
         result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
         wrapped = _manager(impl, config).parallelize(model)
-        loss = _square_loss(wrapped(x))
+        loss = _square_loss(wrapped(x.to(_device_of(model))))
         before = {name: (b.attn.calls, b.mlp.calls) for name, (b, _) in blocks.items()}
         loss.backward()
         recomputed = {
@@ -411,13 +464,13 @@ def autocast_output_dtype(impl: Implementation, autocast_dtype: Any) -> str:
     """The dtype (as a string) of a float32 tiny model's output through the wrapper."""
     model = _seeded(_TinyModel, 7, torch.float32)
     wrapped = _manager(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
-    return str(wrapped(torch.ones(2, _DIM)).dtype)
+    return str(wrapped(torch.ones(2, _DIM, device=_device_of(model))).dtype)
 
 
 def _info_nce_terms(anchors: torch.Tensor, candidates: torch.Tensor, first_row: int, tau: float) -> torch.Tensor:
     """Per-row InfoNCE losses of ``anchors`` against all ``candidates``; row i's positive is candidate first_row+i."""
     logits = anchors @ candidates.T / tau
-    labels = torch.arange(first_row, first_row + anchors.shape[0])
+    labels = torch.arange(first_row, first_row + anchors.shape[0], device=anchors.device)
     return nn.functional.cross_entropy(logits, labels, reduction="none")
 
 
@@ -431,7 +484,8 @@ def contrastive_identity(
     rows of the InfoNCE terms against all N candidates.  DDP averages over W
     ranks, so the gradient is (1/W) * sum_r (W/N) * sum_{i in r} grad l_i, which is
     the full-batch gradient of mean_i l_i: the copy computes that in one process.
-    Returns the gradients of step 1 and the parameters after ``steps``, both sides.
+    The copy runs on the wrapped model's device. Returns the gradients of step 1
+    and the parameters after ``steps``, both sides.
     """
     gather = impl.module("gather").all_gather_with_grad
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -441,9 +495,11 @@ def contrastive_identity(
         return nn.Linear(global_x.shape[1], 4)
 
     model = _seeded(encoder, 8)
-    reference = _seeded(encoder, 8)
     wrapped = _manager(impl, {}).parallelize(model)
-    x, y = _local_rows(global_x), _local_rows(global_y)
+    device = _device_of(model)
+    reference = _seeded(encoder, 8).to(device)
+    x, y = _local_rows(global_x, device), _local_rows(global_y, device)
+    global_x, global_y = global_x.to(device), global_y.to(device)
     grads: dict[str, Any] = {}
     for step in range(steps):
         embedded = wrapped(torch.cat([x, y]))
@@ -465,18 +521,20 @@ def train_config(
     """Train the tiny model under ``config_kwargs`` and, beside it, in one process on the full batch.
 
     The model is float64, or float32 when ``autocast_dtype`` is set (autocast
-    leaves float64 alone); the full-batch copy runs under the same autocast.
-    Returns both parameter lists after ``steps`` SGD steps.
+    leaves float64 alone); the full-batch copy runs on the wrapped model's
+    device under the same autocast. Returns both parameter lists after ``steps``
+    SGD steps.
     """
-    dtype = torch.float64 if config_kwargs.get("autocast_dtype") is None else torch.float32
+    autocast = config_kwargs.get("autocast_dtype")
+    dtype = torch.float64 if autocast is None else torch.float32
     model = _seeded(_TinyModel, 9, dtype)
-    reference = _seeded(_TinyModel, 9, dtype)
     wrapped = _manager(impl, config_kwargs).parallelize(model)
-    params = _train(wrapped, model, _local_rows(global_x).to(dtype), steps, 0.1)
-    full = global_x.to(dtype)
+    device = _device_of(model)
+    reference = _seeded(_TinyModel, 9, dtype).to(device)
+    params = _train(wrapped, model, _local_rows(global_x, device).to(dtype), steps, 0.1)
+    full = global_x.to(device=device, dtype=dtype)
     for _ in range(steps):
-        autocast = config_kwargs.get("autocast_dtype")
-        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
             out = reference(full)
         _square_loss(out).backward()
         _sgd_step(reference, 0.1)

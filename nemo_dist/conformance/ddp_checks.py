@@ -1,12 +1,18 @@
 """Conformance checks of ``DDPManager``: every ``DDPConfig`` field proven by behaviour.
 
-Each check builds small seeded float64 models on every rank of a gloo world
+Each check builds small seeded float64 models on every rank of a world
 (``_ddp_ranks``), wraps them with the implementation's ``DDPManager`` and
 asserts in the parent on what the ranks report: buffers equalised or left
 alone, bucket count following the cap, an unused parameter tolerated or
 raising, gradients aliasing the bucket storage, static graph accepted,
 blocks recomputed in backward under checkpointing with unchanged gradients,
 autocast output dtype, and training equal to one process on the full batch.
+
+The checks run in gloo worlds (models on CPU) and in NCCL worlds (the
+manager moves each rank's model to its GPU; inputs and the single-process
+reference copies follow it there, results come back on CPU).  Tolerances are
+the same on both: the models are float64 (TF32 never applies to float64) or
+run under bf16 autocast, whose tolerance covers either device.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_dist.conformance import _ddp_ranks as ranks
-from nemo_dist.conformance._impl import Implementation, NotSupported
+from nemo_dist.conformance._impl import Implementation
 from nemo_dist.conformance._registry import WorldLike, check
 from nemo_dist.testing._ddp_strategies import ddp_configs
 
@@ -45,11 +51,6 @@ TOLERANCE_FLOAT64 = {"atol": 1e-10, "rtol": 1e-10}
 #: The same under bf16 autocast (8-bit mantissa: ~4e-3 relative per op, 2 steps).
 TOLERANCE_BF16 = {"atol": 1e-2, "rtol": 1e-2}
 _TIGHT = {"atol": 1e-12, "rtol": 1e-12}
-
-
-def _require_cpu_world(world: WorldLike) -> None:
-    if world.backend != "gloo":
-        raise NotSupported(f"the DDP checks build CPU models; they run in gloo worlds, not {world.backend}")
 
 
 def _global_batch(seed: int, rows: int, dim: int = 8) -> torch.Tensor:
@@ -96,10 +97,31 @@ _BASIC_CONFIGS: list[dict[str, Any]] = [
 ]
 
 
+def _assert_device_placement(got: dict[str, Any], rank: int, what: str) -> None:
+    """NCCL with CUDA: ``cuda:(rank % device_count)``, current, DDP ``device_ids == [index]``; else CPU."""
+    if "nccl" in got["backend"] and got["cuda_count"] > 0:
+        index = rank % got["cuda_count"]
+        device = f"cuda:{index}"
+        where = f"{what}: on NCCL with {got['cuda_count']} GPU(s)"
+        assert got["device"] == device, f"{where}, manager.device is {got['device']}, expected {device}"
+        assert got["current_device"] == index, (
+            f"{where}, the current CUDA device after DDPManager() is {got['current_device']}, expected {index} "
+            "(the manager must call torch.cuda.set_device)"
+        )
+        assert got["param_devices"] == [device], f"{where}, parameters on {got['param_devices']}, expected {device}"
+        assert got["device_ids"] == [index], (
+            f"{where}, DDP device_ids is {got['device_ids']!r} (as indices), expected [{index}]"
+        )
+        return
+    where = f"{what}: on {got['backend']}"
+    assert got["device"] == "cpu", f"{where}, manager.device is {got['device']}, expected cpu"
+    assert got["param_devices"] == ["cpu"], f"{where}, parameters on {got['param_devices']}, expected cpu"
+    assert got["device_ids"] is None, f"{where}, DDP device_ids is {got['device_ids']!r}, expected None on CPU"
+
+
 @check("ddp.manager_basics", tier="core", component="ddp")
 def manager_basics(world: WorldLike, impl: Implementation) -> None:
-    """DDPManager sets rank/world_size/device, mirrors the config fields, and wraps in DDP on CPU."""
-    _require_cpu_world(world)
+    """DDPManager sets rank/world_size/device (its GPU under NCCL), mirrors the config fields, and wraps in DDP."""
     for config in _BASIC_CONFIGS:
         for rank, got in enumerate(world.run(ranks.manager_basics, impl, config)):
             assert got["rank"] == (rank, rank), (
@@ -108,25 +130,18 @@ def manager_basics(world: WorldLike, impl: Implementation) -> None:
             assert got["world_size"] == (world.size, world.size), (
                 f"config {config}: manager.world_size, dist world size = {got['world_size']}, expected {world.size}"
             )
-            assert got["device"] == "cpu", f"config {config}: manager.device is {got['device']}, expected cpu on gloo"
             for field, (mirrored, configured) in got["mirrored"].items():
                 assert mirrored == configured, (
                     f"config {config}: manager.{field} is {mirrored!r}, the config's {field} is {configured!r}"
                 )
             assert got["is_ddp"], f"config {config}: parallelize did not return a DistributedDataParallel"
             assert got["module_is_model"], f"config {config}: the DDP's .module is not the model passed in"
-            assert got["param_devices"] == ["cpu"], (
-                f"config {config}: parameters on {got['param_devices']}, expected cpu"
-            )
-            assert got["device_ids"] is None, (
-                f"config {config}: DDP device_ids is {got['device_ids']!r}, expected None on CPU"
-            )
+            _assert_device_placement(got, rank, f"config {config}, rank {rank}")
 
 
 @check("ddp.broadcast_buffers", tier="core", component="ddp", min_world=2)
 def broadcast_buffers(world: WorldLike, impl: Implementation) -> None:
     """broadcast_buffers=True gives every rank rank 0's buffers; False leaves them rank-local, also at construction."""
-    _require_cpu_world(world)
     dim = 8
     for enabled in (True, False):
         for rank, got in enumerate(world.run(ranks.buffer_sync, impl, enabled)):
@@ -148,7 +163,6 @@ def broadcast_buffers(world: WorldLike, impl: Implementation) -> None:
 @check("ddp.bucket_cap_mb", tier="core", component="ddp")
 def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
     """A small bucket_cap_mb gives more DDP buckets than a large one; None gives torch's default layout."""
-    _require_cpu_world(world)
     small, large = 0.01, 25.0
     results = world.run(ranks.bucket_layouts, impl, [small, large, None], 3)
     for rank, layouts in enumerate(results):
@@ -173,7 +187,6 @@ def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
 @check("ddp.find_unused_parameters", tier="core", component="ddp")
 def find_unused_parameters(world: WorldLike, impl: Implementation) -> None:
     """A skipped parameter trains with find_unused_parameters=True and makes DDP raise with False."""
-    _require_cpu_world(world)
     tolerated = world.run(ranks.unused_parameter, impl, True)
     for rank, got in enumerate(tolerated):
         assert got["error"] is None, f"find_unused_parameters=True: rank {rank} raised: {got['error']}"
@@ -191,7 +204,6 @@ def find_unused_parameters(world: WorldLike, impl: Implementation) -> None:
 @check("ddp.gradient_as_bucket_view", tier="core", component="ddp")
 def gradient_as_bucket_view(world: WorldLike, impl: Implementation) -> None:
     """gradient_as_bucket_view=True makes every param.grad live in a DDP bucket buffer; False in none."""
-    _require_cpu_world(world)
     for enabled in (True, False):
         for rank, steps in enumerate(world.run(ranks.grad_bucket_aliasing, impl, enabled, 3)):
             for step, inside in enumerate(steps, start=1):
@@ -204,7 +216,6 @@ def gradient_as_bucket_view(world: WorldLike, impl: Implementation) -> None:
 @check("ddp.static_graph", tier="core", component="ddp")
 def static_graph(world: WorldLike, impl: Implementation) -> None:
     """static_graph=True is recorded by DDP, accepts checkpointing and an unused parameter, trains as without it."""
-    _require_cpu_world(world)
     global_x = _global_batch(11, 2 * world.size)
     results = world.run(ranks.static_graph_training, impl, global_x, 3)
     for rank, runs in enumerate(results):
@@ -250,7 +261,6 @@ def _check_recompute(world: WorldLike, impl: Implementation, mode: bool | str) -
 @check("ddp.activation_checkpointing_full", tier="core", component="ddp")
 def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> None:
     """Full checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
-    _require_cpu_world(world)
     for mode in (True, "full"):
         _check_recompute(world, impl, mode)
 
@@ -258,14 +268,12 @@ def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> Non
 @check("ddp.activation_checkpointing_selective", tier="core", component="ddp")
 def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
     """Selective checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
-    _require_cpu_world(world)
     _check_recompute(world, impl, "selective")
 
 
 @check("ddp.autocast_dtype", tier="core", component="ddp")
 def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
     """autocast_dtype=bfloat16 makes a float32 model's wrapped output bfloat16; None leaves float32."""
-    _require_cpu_world(world)
     for dtype, expected in ((torch.bfloat16, "torch.bfloat16"), (None, "torch.float32")):
         for rank, got in enumerate(world.run(ranks.autocast_output_dtype, impl, dtype)):
             assert got == expected, (
@@ -276,7 +284,6 @@ def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
 @check("ddp.contrastive_loss_equals_full_batch", tier="core", component="ddp")
 def contrastive_loss_equals_full_batch(world: WorldLike, impl: Implementation) -> None:
     """A gathered InfoNCE loss under DDP gives the single-process full-batch gradient; ranks stay bit-identical."""
-    _require_cpu_world(world)
 
     @settings(max_examples=_examples(5))
     @given(seed=st.integers(0, 2**16), rows=st.integers(1, 3), dim=st.integers(1, 6))
@@ -298,7 +305,6 @@ def contrastive_loss_equals_full_batch(world: WorldLike, impl: Implementation) -
 @check("ddp.any_config_trains_like_one_process", tier="core", component="ddp")
 def any_config_trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     """For any valid DDPConfig, DDP training equals one process on the full batch; ranks agree exactly."""
-    _require_cpu_world(world)
 
     @settings(max_examples=_examples(4))
     @given(config=ddp_configs(), seed=st.integers(0, 2**16), rows=st.integers(1, 3))

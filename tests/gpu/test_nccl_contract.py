@@ -1,0 +1,101 @@
+"""Layer 4: NCCL worlds, one GPU per rank; skipped without CUDA.
+
+Every registered conformance check runs against the bundled reference in NCCL
+worlds of 1, 2, 4 and 8 ranks (a size larger than the visible GPUs is skipped
+with the count); then what only CUDA has: half-precision gathers moved
+bit-exact by NCCL, ``DDPManager`` making its GPU current, and DDP's
+``device_ids``. Run with ``pytest -m gpu -ra`` (see ``tests/gpu/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nemo_dist.conformance import CHECKS, REFERENCE, is_not_supported
+from nemo_dist.conformance import _gather_ranks as gather_ranks
+from nemo_dist.testing.plugin import WorldFactory
+from tests.gpu import nccl_rank_fns
+
+pytestmark = pytest.mark.gpu
+
+WORLD_SIZES = (1, 2, 4, 8)
+
+
+def _cases() -> list[object]:
+    """One case per (registered check, world size); sizes a check does not apply to are skipped marks."""
+    cases: list[object] = []
+    for name, check in CHECKS.items():
+        for size in WORLD_SIZES:
+            marks = [pytest.mark.xdist_group(name=f"nemo_dist_nccl_w{size}")]
+            if not check.applies_to(size):
+                bounds = f"{check.min_world}..{check.max_world or 'any'}"
+                marks.append(pytest.mark.skip(reason=f"{name} does not apply to a world of {size} (sizes {bounds})"))
+            cases.append(pytest.param(name, size, marks=marks, id=f"{name}-w{size}"))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "size"), _cases())
+def test_check_holds_in_nccl_world(name: str, size: int, world_factory: WorldFactory) -> None:
+    """The registered check holds for the reference in an NCCL world of this size."""
+    world = world_factory(size, backend="nccl")
+    try:
+        CHECKS[name](world, REFERENCE)
+    except Exception as exc:
+        if is_not_supported(exc):
+            pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
+        raise
+
+
+def _every_bit_pattern(dtype: torch.dtype, rank: int) -> torch.Tensor:
+    """All 65536 bit patterns of a 16-bit float dtype (NaNs, infinities, subnormals, -0), rolled by ``rank``."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    return bits.roll(rank * 257).view(dtype).reshape(256, 256)
+
+
+@pytest.mark.xdist_group(name="nemo_dist_nccl_w2")
+@pytest.mark.parametrize("no_grad", [False, True], ids=["with_grad", "no_grad"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_gather_moves_every_bit_pattern_exactly(
+    dtype: torch.dtype, no_grad: bool, world_factory: WorldFactory
+) -> None:
+    """NCCL gathers bf16/fp16 tensors of every bit pattern bit-exact, on every rank, in rank order."""
+    world = world_factory(2, backend="nccl")
+    inputs = [_every_bit_pattern(dtype, rank) for rank in range(world.size)]
+    expected = torch.cat(inputs)
+    results = world.run(gather_ranks.forward, REFERENCE, inputs, "contiguous", no_grad=no_grad, requires_grad=False)
+    for rank, result in enumerate(results):
+        assert result["out"].dtype == dtype, f"rank {rank}: output dtype {result['out'].dtype}, expected {dtype}"
+        assert gather_ranks.same_bits(result["out"], expected), f"rank {rank}: gathered bits differ from the inputs"
+        assert result["input_intact"], f"rank {rank}: the gather modified its input"
+
+
+@pytest.mark.xdist_group(name="nemo_dist_nccl_w2")
+def test_manager_makes_its_own_gpu_current(world_factory: WorldFactory) -> None:
+    """DDPManager calls torch.cuda.set_device(rank % device_count), whatever GPU was current before."""
+    world = world_factory(2, backend="nccl")
+    for rank, got in enumerate(world.run(nccl_rank_fns.manager_after_another_device_was_current)):
+        index = rank % got["count"]
+        assert got["device"] == f"cuda:{index}", (
+            f"rank {rank}: manager.device is {got['device']}, expected cuda:{index}"
+        )
+        assert got["current"] == index, (
+            f"rank {rank}: current CUDA device after DDPManager() is {got['current']}, expected {index}"
+        )
+
+
+@pytest.mark.xdist_group(name="nemo_dist_nccl_w2")
+def test_ddp_device_ids_is_the_rank_gpu_and_training_stays_there(world_factory: WorldFactory) -> None:
+    """The wrapped DDP has device_ids == [rank % device_count]; parameters, output and gradient live on that GPU."""
+    world = world_factory(2, backend="nccl")
+    count = torch.cuda.device_count()
+    for rank, got in enumerate(world.run(nccl_rank_fns.wrapped_linear_step)):
+        index = rank % count
+        device = f"cuda:{index}"
+        assert got["device_ids"] == [index], f"rank {rank}: DDP device_ids {got['device_ids']!r}, expected [{index}]"
+        for what in ("param_device", "out_device", "grad_device"):
+            assert got[what] == device, f"rank {rank}: {what} is {got[what]}, expected {device}"
+        expected = torch.full((1, 4), float(world.size - 1), dtype=torch.float64)
+        assert torch.equal(got["grad"], expected), (
+            f"rank {rank}: gradient {got['grad'].tolist()}, expected the average over ranks {expected.tolist()}"
+        )
