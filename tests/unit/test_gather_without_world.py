@@ -6,6 +6,9 @@ harness's subprocesses), so these run in the plain test process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -66,11 +69,15 @@ def test_tuple_function_returns_one_part_when_uninitialised() -> None:
     [
         pytest.param(all_gather_with_grad, torch.tensor(1.0), ValueError, "0-d", id="with_grad-0d"),
         pytest.param(all_gather_no_grad, torch.tensor(1.0), ValueError, "0-d", id="no_grad-0d"),
-        pytest.param(all_gather_with_grad, [1.0, 2.0], TypeError, "expected a torch.Tensor, got list", id="with_grad-list"),
+        pytest.param(
+            all_gather_with_grad, [1.0, 2.0], TypeError, "expected a torch.Tensor, got list", id="with_grad-list"
+        ),
         pytest.param(all_gather_no_grad, 3, TypeError, "expected a torch.Tensor, got int", id="no_grad-int"),
     ],
 )
-def test_bad_input_raises_naming_the_problem(call, bad, error, message) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_raises_naming_the_problem(
+    call: Callable[[Any], torch.Tensor], bad: Any, error: type[Exception], message: str
+) -> None:
     """Invalid inputs raise a typed error whose message says what was wrong, even with no world."""
     with pytest.raises(error, match=message):
         call(bad)

@@ -55,7 +55,7 @@ def test_gather_signatures_match_the_seed_page() -> None:
     forward = inspect.signature(dist_utils._AllGatherWithGrad.forward).parameters
     assert list(forward)[:2] == ["ctx", "x"]
     backward = inspect.signature(dist_utils._AllGatherWithGrad.backward).parameters
-    assert list(backward)[0] == "ctx"
+    assert next(iter(backward)) == "ctx"
     assert any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in backward.values())
 
 
