@@ -15,20 +15,12 @@ import torch.distributed as dist
 
 from nemo_dist.conformance._impl import Implementation
 from nemo_dist.conformance._registry import WorldLike, check
+from nemo_dist.testing._ddp_strategies import DDP_CONFIG_DEFAULTS
 
 __all__ = ["INVALID_CONFIGS", "SCOPE_NORMALISATIONS", "SPEC_DEFAULTS", "config_rejection"]
 
 #: The SPEC's defaults of every DDPConfig field (the scope as normalised).
-SPEC_DEFAULTS: dict[str, Any] = {
-    "activation_checkpointing": False,
-    "activation_checkpointing_scope": ("all",),
-    "broadcast_buffers": False,
-    "find_unused_parameters": False,
-    "static_graph": False,
-    "bucket_cap_mb": None,
-    "gradient_as_bucket_view": False,
-    "autocast_dtype": None,
-}
+SPEC_DEFAULTS: dict[str, Any] = {**DDP_CONFIG_DEFAULTS, "activation_checkpointing_scope": ("all",)}
 
 #: (readable id, field, bad value): each must fail at construction naming the field.
 INVALID_CONFIGS: list[tuple[str, str, Any]] = [

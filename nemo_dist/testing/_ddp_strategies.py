@@ -6,12 +6,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-__all__ = ["SCOPE_GROUPS", "ddp_configs"]
+__all__ = ["DDP_CONFIG_DEFAULTS", "SCOPE_GROUPS", "ddp_configs"]
 
 #: Layer groups a checkpointing scope may combine (besides "all" alone).
 SCOPE_GROUPS = ("language", "vision", "audio", "multimodal")
 
-_DEFAULTS: dict[str, Any] = {
+#: The SPEC table's default of every DDPConfig field, as a user writes it.
+DDP_CONFIG_DEFAULTS: dict[str, Any] = {
     "activation_checkpointing": False,
     "activation_checkpointing_scope": "all",
     "broadcast_buffers": False,
@@ -51,9 +52,11 @@ def ddp_configs(**fixed: Any) -> st.SearchStrategy[dict[str, Any]]:
     Examples shrink field by field toward the defaults (False, "all", None), so a
     failing config shrinks to the fields it needs.
     """
-    unknown = sorted(set(fixed) - set(_DEFAULTS))
+    unknown = sorted(set(fixed) - set(DDP_CONFIG_DEFAULTS))
     if unknown:
-        raise TypeError(f"ddp_configs: unknown DDPConfig field(s) {unknown}; expected some of {sorted(_DEFAULTS)}")
+        raise TypeError(
+            f"ddp_configs: unknown DDPConfig field(s) {unknown}; expected some of {sorted(DDP_CONFIG_DEFAULTS)}"
+        )
     fields: dict[str, st.SearchStrategy[Any]] = {
         "activation_checkpointing": st.sampled_from([False, True, "full", "selective"]),
         "activation_checkpointing_scope": _scopes(),
