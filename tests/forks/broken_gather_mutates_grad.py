@@ -12,11 +12,9 @@ import torch
 
 from nemo_dist.loss.dist_utils import (
     _AllGatherWithGrad,
-    _check_tensor,
-    _exchange_rows,
     _GatherRows,
+    _plan,
     _scatter_grad,
-    _world,
     all_gather_no_grad,
 )
 
@@ -33,10 +31,8 @@ class _ZeroingRows(_GatherRows):
 
 def all_gather_with_grad(x: torch.Tensor, *, group: Any = None, uneven: bool = False) -> torch.Tensor:
     """The reference, with the mutating backward."""
-    _check_tensor(x, "all_gather_with_grad")
-    world = _world(group)
-    if world is None:
+    plan = _plan(x, group, uneven, "all_gather_with_grad")
+    if plan is None:
         return x
-    rank, size = world
-    rows = _exchange_rows(x, group, size, "all_gather_with_grad") if uneven else None
+    rank, size, rows = plan
     return _ZeroingRows.apply(x, group, rank, size, rows)

@@ -12,10 +12,8 @@ import torch
 
 from nemo_dist.loss.dist_utils import (
     _AllGatherWithGrad,
-    _check_tensor,
-    _exchange_rows,
     _GatherRows,
-    _world,
+    _plan,
     all_gather_no_grad,
 )
 
@@ -32,10 +30,8 @@ class _OwnSliceRows(_GatherRows):
 
 def all_gather_with_grad(x: torch.Tensor, *, group: Any = None, uneven: bool = False) -> torch.Tensor:
     """The reference, with the broken backward."""
-    _check_tensor(x, "all_gather_with_grad")
-    world = _world(group)
-    if world is None:
+    plan = _plan(x, group, uneven, "all_gather_with_grad")
+    if plan is None:
         return x
-    rank, size = world
-    rows = _exchange_rows(x, group, size, "all_gather_with_grad") if uneven else None
+    rank, size, rows = plan
     return _OwnSliceRows.apply(x, group, rank, size, rows)

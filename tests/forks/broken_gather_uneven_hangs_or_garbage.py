@@ -15,6 +15,7 @@ import torch
 from nemo_dist.loss.dist_utils import (
     _all_gather_single,
     _AllGatherWithGrad,
+    _check_not_0d,
     _check_tensor,
     _dtype_code,
     _GatherRows,
@@ -60,6 +61,8 @@ class _FlatRows(torch.autograd.Function):
 def all_gather_with_grad(x: torch.Tensor, *, group: Any = None, uneven: bool = False) -> torch.Tensor:
     """The reference, with the unvalidated uneven path."""
     _check_tensor(x, "all_gather_with_grad")
+    if not uneven:
+        _check_not_0d(x, "all_gather_with_grad")
     world = _world(group)
     if world is None:
         return x

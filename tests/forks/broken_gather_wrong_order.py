@@ -11,10 +11,8 @@ import torch
 
 from nemo_dist.loss.dist_utils import (
     _AllGatherWithGrad,
-    _check_tensor,
-    _exchange_rows,
     _GatherRows,
-    _world,
+    _plan,
     all_gather_no_grad,
 )
 
@@ -30,10 +28,8 @@ class _RotatedRows(_GatherRows):
 
 def all_gather_with_grad(x: torch.Tensor, *, group: Any = None, uneven: bool = False) -> torch.Tensor:
     """The reference, with the rotated forward."""
-    _check_tensor(x, "all_gather_with_grad")
-    world = _world(group)
-    if world is None:
+    plan = _plan(x, group, uneven, "all_gather_with_grad")
+    if plan is None:
         return x
-    rank, size = world
-    rows = _exchange_rows(x, group, size, "all_gather_with_grad") if uneven else None
+    rank, size, rows = plan
     return _RotatedRows.apply(x, group, rank, size, rows)
