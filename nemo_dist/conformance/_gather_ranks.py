@@ -102,13 +102,17 @@ def backward(
     ``g`` is this rank's upstream gradient in ``grad_layout``. Losses: "direct"
     ``out.backward(g)``; "weighted" ``(out * g).sum()``; "sum" ``out.sum()``;
     "twice" ``(out * g).sum() + (out * g).sum()``; "prefix" ``(out[:prefix] *
-    g[:prefix]).sum()``. Also reports whether the input and ``g`` kept their bits.
+    g[:prefix]).sum()``. Also reports whether the input and ``g`` kept their bits,
+    and the gradient retained on the gathered output (``out.retain_grad()``), or
+    None when the output is a leaf (the identity of a world of one).
     """
     gather = impl.module("gather")
     x = _input(inputs[_rank()], layout, True)
     g = apply_layout(grads[_rank()].to(_device()), grad_layout)
     x_before, g_before = x.detach().clone(), g.clone()
     out = gather.all_gather_with_grad(x)
+    if not out.is_leaf:
+        out.retain_grad()
     if loss == "direct":
         out.backward(g)
     elif loss == "weighted":
@@ -125,6 +129,7 @@ def backward(
         "grad": _cpu(x.grad),
         "input_intact": same_bits(x.detach(), x_before),
         "grad_intact": same_bits(g, g_before),
+        "out_grad": None if out.is_leaf else _cpu(out.grad),
     }
 
 

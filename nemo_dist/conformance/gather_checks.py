@@ -215,7 +215,7 @@ def float_grads_within_tolerance(world: WorldLike, impl: Implementation) -> None
 
 @check("gather.inputs_and_grads_not_modified", tier="core", component="gather")
 def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> None:
-    """Forward and backward leave the caller's input and the upstream gradient passed to backward unchanged."""
+    """Forward and backward leave the caller's input, the upstream gradient and the output's retained grad intact."""
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
@@ -225,12 +225,21 @@ def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> Non
         out_shape = (world.size * shape[0], *shape[1:])
         grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
         grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
-        results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, "direct")
+        # Both losses give d loss / d out = g; "weighted" hands backward a fresh
+        # tensor that is also what out.retain_grad() keeps.
+        loss = data.draw(st.sampled_from(["direct", "weighted"]), label="loss")
+        results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss)
         for r, result in enumerate(results):
             assert result["input_intact"], f"rank {r}: the caller's input was modified in place"
             assert result["grad_intact"], (
                 f"rank {r}: the upstream gradient passed to out.backward(g) was modified in place"
             )
+            if result["out_grad"] is not None:
+                _assert_same(
+                    result["out_grad"],
+                    grads[r],
+                    f"rank {r}: the gathered output's retained gradient (loss {loss!r}) after backward",
+                )
 
     prop()
 
