@@ -25,7 +25,12 @@ def _require_bool(field: str, value: Any) -> None:
 def _normalise_checkpointing(value: Any) -> bool | str:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lower() in _CHECKPOINT_MODES:
+    if not isinstance(value, str):
+        raise TypeError(
+            "DDPConfig.activation_checkpointing must be a bool or one of 'full', 'selective', "
+            f"got {value!r} ({type(value).__name__})"
+        )
+    if value.strip().lower() in _CHECKPOINT_MODES:
         return value.strip().lower()
     raise ValueError(
         "DDPConfig.activation_checkpointing must be False, True, 'full' or 'selective', "

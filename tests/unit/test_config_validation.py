@@ -27,7 +27,7 @@ INVALID: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("string_static_graph", {"static_graph": "true"}, TypeError, "static_graph must be a bool, got 'true'"),
     ("none_gradient_as_bucket_view", {"gradient_as_bucket_view": None}, TypeError, "gradient_as_bucket_view must be"),
     ("unknown_checkpointing_mode", {"activation_checkpointing": "sometimes"}, ValueError, "activation_checkpointing"),
-    ("int_checkpointing_mode", {"activation_checkpointing": 1}, ValueError, "activation_checkpointing must be False"),
+    ("int_checkpointing_mode", {"activation_checkpointing": 1}, TypeError, "activation_checkpointing must be a bool"),
     (
         "unknown_scope",
         {"activation_checkpointing_scope": "robotics"},
