@@ -40,12 +40,23 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class RankWarning:
+    """A warning a rank's call emitted; the parent re-emits it under its own filters."""
+
+    message: str
+    category: str  # "module:qualname" of the Warning subclass
+    filename: str
+    lineno: int
+
+
+@dataclass(frozen=True)
 class Returned:
-    """The call ``seq`` returned ``value`` on ``rank``."""
+    """The call ``seq`` returned ``value`` on ``rank``, emitting ``warnings`` on the way."""
 
     seq: int
     rank: int
     value: Any
+    warnings: tuple[RankWarning, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ import pickle
 import signal
 import sys
 import traceback
+import warnings
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
-from nemo_dist.testing._protocol import CALL, Init, Raised, Ready, Returned
+from nemo_dist.testing._protocol import CALL, Init, Raised, RankWarning, Ready, Returned
 
 _PR_SET_PDEATHSIG = 1
 
@@ -55,15 +56,29 @@ def _raised(seq: int, rank: int, exc: BaseException) -> Raised:
     )
 
 
+def _as_rank_warning(caught: warnings.WarningMessage) -> RankWarning:
+    category = caught.category
+    return RankWarning(
+        str(caught.message), f"{category.__module__}:{category.__qualname__}", caught.filename, caught.lineno
+    )
+
+
 def _answer(seq: int, rank: int, blob: bytes) -> bytes:
-    """Run one call and return the pickled reply (never raises)."""
+    """Run one call and return the pickled reply (never raises).
+
+    Warnings the call emits are recorded, not printed, and travel with the
+    result, so the parent's filters (pytest's warnings-as-errors) judge them.
+    """
     try:
-        fn, args, kwargs = pickle.loads(blob)
-        value: Any = fn(*args, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn, args, kwargs = pickle.loads(blob)
+            value: Any = fn(*args, **kwargs)
     except BaseException as exc:
         return pickle.dumps(_raised(seq, rank, exc), pickle.HIGHEST_PROTOCOL)
+    emitted = tuple(dict.fromkeys(_as_rank_warning(w) for w in caught))
     try:
-        return pickle.dumps(Returned(seq, rank, value), pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(Returned(seq, rank, value, emitted), pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:
         reply = _raised(seq, rank, exc)
         reply = Raised(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import importlib
 import os
 import pickle
 import shutil
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -96,6 +98,18 @@ def _exit_text(returncode: int) -> str:
             name = str(-returncode)
         return f"killed by signal {name}"
     return f"exit code {returncode}"
+
+
+def _warning_category(path: str) -> type[Warning]:
+    """The Warning subclass named "module:qualname", or UserWarning if it cannot be found."""
+    module_name, _, qualname = path.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return UserWarning
+    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
 
 
 def _describe(fn: Any) -> str:
@@ -184,6 +198,7 @@ class World:
         self._sent_path: list[str] = []
         self._seq = 0
         self._closed = False
+        self._warning_registry: dict[Any, Any] = {}
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ public
@@ -404,12 +419,29 @@ class World:
             self._replace()
             raise WorldTimeout(deadline_s, stacks, self._size, f" running {name}")
         if not deaths and not pending and all(isinstance(m, _protocol.Returned) for m in replies.values()):
+            self._reemit_warnings([replies[r] for r in range(self._size)])
             return [replies[r].value for r in range(self._size)]
         failures = self._failures(replies, deaths, pending)
         returned = {r: m.value for r, m in replies.items() if isinstance(m, _protocol.Returned)}
         if deaths or pending or not self._verify():
             self._replace()
         raise RankFailure(failures, returned, self._size, f" running {name}")
+
+    def _reemit_warnings(self, replies: list[Any]) -> None:
+        """Emit here, once per distinct warning, what the ranks' call emitted.
+
+        The parent's filters decide: under pytest's ``filterwarnings = error`` a
+        rank's warning fails the test like one raised in the test itself.
+        """
+        distinct = dict.fromkeys(emitted for reply in replies for emitted in reply.warnings)
+        for emitted in distinct:
+            warnings.warn_explicit(
+                emitted.message,
+                _warning_category(emitted.category),
+                emitted.filename,
+                emitted.lineno,
+                registry=self._warning_registry,
+            )
 
     def _verify(self) -> bool:
         """True when every rank passes a barrier within a short deadline."""

@@ -98,3 +98,19 @@ def unpicklable_result() -> Any:
     import threading
 
     return threading.Lock()
+
+
+class PlantedWarning(UserWarning):
+    """A warning class of the test module, to check categories travel by name."""
+
+
+def warn_on(ranks: list[int]) -> int:
+    """Emit a PlantedWarning on the given ranks, return the rank."""
+    import warnings
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank in ranks:
+        warnings.warn("planted warning from a rank", PlantedWarning, stacklevel=1)
+    return rank

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import types
+import warnings
 from collections.abc import Iterator
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -61,8 +62,27 @@ def test_arguments_and_tensor_results_travel_by_value(world: World) -> None:
     assert torch.equal(base, torch.arange(3.0))
 
 
+def test_rank_warning_is_reemitted_once_under_the_parents_filters(world: World) -> None:
+    """A warning from ranks' calls reaches the parent once, with its class, where pytest's filters judge it."""
+    with pytest.warns(rank_fns.PlantedWarning, match="planted warning from a rank") as record:
+        assert world.run(rank_fns.warn_on, list(range(SIZE))) == list(range(SIZE))
+    planted = [w for w in record if issubclass(w.category, rank_fns.PlantedWarning)]
+    assert len(planted) == 1
+    assert planted[0].filename.endswith("rank_fns.py")
+
+
+def test_rank_warning_fails_a_run_under_warnings_as_errors(world: World) -> None:
+    """With warnings as errors in the parent, a rank's warning raises from run; the world stays healthy."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(rank_fns.PlantedWarning, match="planted warning from a rank"):
+            world.run(rank_fns.warn_on, [1])
+    _assert_healthy(world)
+
+
 def test_rank_raising_reports_its_rank_and_traceback(world: World) -> None:
     """One rank raising gives RankFailure naming it with its child traceback; world kept."""
+    world.start()  # pids of running ranks, whatever ran before
     pids = world.pids
     with pytest.raises(RankFailure) as info:
         world.run(rank_fns.raise_on, [1])
@@ -86,6 +106,7 @@ def test_every_raising_rank_is_named(world: World) -> None:
 
 def test_all_ranks_raising_keeps_the_world(world: World) -> None:
     """When every rank raised, the world passes its barrier check and is kept."""
+    world.start()  # pids of running ranks, whatever ran before
     pids = world.pids
     with pytest.raises(RankFailure) as info:
         world.run(rank_fns.raise_on, list(range(SIZE)))
@@ -146,6 +167,7 @@ def test_function_not_importable_in_rank_reports_import_error(world: World) -> N
     ghost.__qualname__ = "ghost"
     module.ghost = ghost  # type: ignore[attr-defined]
     sys.modules[module.__name__] = module
+    world.start()  # pids of running ranks, whatever ran before
     pids = world.pids
     try:
         with pytest.raises(RankFailure) as info:
