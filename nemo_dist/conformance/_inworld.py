@@ -19,7 +19,7 @@ from typing import Any
 
 from nemo_dist.conformance._impl import Implementation
 from nemo_dist.conformance._registry import Check
-from nemo_dist.conformance._runner import Report, Verdict, hypothesis_settings, run_check
+from nemo_dist.conformance._runner import Report, Verdict, hypothesis_settings, run_checks_in
 from nemo_dist.testing import RankFailure
 
 __all__ = ["InWorld", "LockstepError", "in_torchrun", "init_from_env", "run_in_world"]
@@ -144,11 +144,7 @@ def run_in_world(
     start = time.perf_counter()
     verdicts: list[Verdict] = []
     with hypothesis_settings(max_examples, derandomize=True):
-        for c in checks:
-            verdict = run_check(c, world, impl)
-            verdicts.append(verdict)
-            if on_verdict is not None:
-                on_verdict(verdict)
+        run_checks_in(checks, world, impl, verdicts, on_verdict)
     return Report(
         tuple(verdicts),
         impl,

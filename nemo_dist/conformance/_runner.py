@@ -272,12 +272,12 @@ def run_checks(
     with hypothesis_settings(max_examples):
         for size in world_sizes:
             if worlds is not None:
-                _run_in(checks, worlds(size), impl, verdicts, on_verdict)
+                run_checks_in(checks, worlds(size), impl, verdicts, on_verdict)
                 continue
             from nemo_dist.testing import World
 
             with World(size, backend, timeout) as world:
-                _run_in(checks, world, impl, verdicts, on_verdict)
+                run_checks_in(checks, world, impl, verdicts, on_verdict)
     return Report(
         tuple(verdicts),
         impl,
@@ -289,13 +289,14 @@ def run_checks(
     )
 
 
-def _run_in(
+def run_checks_in(
     checks: Sequence[Check],
     world: WorldLike,
     impl: Implementation,
     verdicts: list[Verdict],
     on_verdict: Callable[[Verdict], None] | None,
 ) -> None:
+    """Run each of ``checks`` in ``world`` in order, appending its verdict and reporting it to ``on_verdict``."""
     start = getattr(world, "start", None)
     if callable(start) and any(c.applies_to(world.size) for c in checks):
         # Start now so the first check's time is its own; a start-up failure
