@@ -84,6 +84,26 @@ def _shape_and_dtype(
     return shape, data.draw(dtypes, label="dtype")
 
 
+def _laid_out_inputs(
+    data: st.DataObject, world: WorldLike, dtypes: st.SearchStrategy[torch.dtype], values: ds.Values = "integers"
+) -> tuple[tuple[int, ...], torch.dtype, str, list[torch.Tensor]]:
+    """Draw shape, dtype, memory layout and every rank's input, in that order (so examples shrink alike)."""
+    shape, dtype = _shape_and_dtype(data, dtypes)
+    layout = data.draw(ds.layouts(shape), label="layout")
+    inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, values=values), label="inputs")
+    return shape, dtype, layout, inputs
+
+
+def _upstream_grads(
+    data: st.DataObject, world: WorldLike, shape: tuple[int, ...], dtype: torch.dtype
+) -> tuple[tuple[int, ...], list[torch.Tensor], str]:
+    """Draw every rank's upstream gradient for the gathered shape and its layout; return them with that shape."""
+    out_shape = (world.size * shape[0], *shape[1:])
+    grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
+    grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
+    return out_shape, grads, grad_layout
+
+
 # --------------------------------------------------------------- core tier
 @check("gather.forward_matches_cat", tier="core", component="gather")
 def forward_matches_cat(world: WorldLike, impl: Implementation) -> None:
@@ -91,9 +111,7 @@ def forward_matches_cat(world: WorldLike, impl: Implementation) -> None:
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
-        layout = data.draw(ds.layouts(shape), label="layout")
-        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, values="bits"), label="inputs")
+        _, _, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes(), values="bits")
         requires_grad = data.draw(st.booleans(), label="requires_grad")
         results = world.run(ranks.forward, impl, inputs, layout, no_grad=False, requires_grad=requires_grad)
         expected = torch.cat(inputs)
@@ -114,9 +132,7 @@ def no_grad_matches_cat_without_grad(world: WorldLike, impl: Implementation) -> 
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        shape, dtype = _shape_and_dtype(data, ds.all_dtypes())
-        layout = data.draw(ds.layouts(shape), label="layout")
-        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        _, dtype, layout, inputs = _laid_out_inputs(data, world, ds.all_dtypes())
         requires_grad = dtype.is_floating_point and data.draw(st.booleans(), label="requires_grad")
         results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=requires_grad)
         expected = torch.cat(inputs)
@@ -129,12 +145,8 @@ def no_grad_matches_cat_without_grad(world: WorldLike, impl: Implementation) -> 
 
 
 def _check_backward(world: WorldLike, impl: Implementation, data: st.DataObject, loss: str) -> None:
-    shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
-    layout = data.draw(ds.layouts(shape), label="layout")
-    inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
-    out_shape = (world.size * shape[0], *shape[1:])
-    grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
-    grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
+    shape, dtype, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes())
+    out_shape, grads, grad_layout = _upstream_grads(data, world, shape, dtype)
     prefix = data.draw(st.integers(0, out_shape[0]), label="prefix") if loss == "prefix" else 0
     results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
     if loss == "sum":
@@ -219,12 +231,8 @@ def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> Non
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
-        layout = data.draw(ds.layouts(shape), label="layout")
-        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
-        out_shape = (world.size * shape[0], *shape[1:])
-        grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
-        grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
+        shape, dtype, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes())
+        _, grads, grad_layout = _upstream_grads(data, world, shape, dtype)
         # Both losses give d loss / d out = g; "weighted" hands backward a fresh
         # tensor that is also what out.retain_grad() keeps.
         loss = data.draw(st.sampled_from(["direct", "weighted"]), label="loss")

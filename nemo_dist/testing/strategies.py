@@ -23,6 +23,7 @@ __all__ = [
     "ALL_DTYPES",
     "FLOAT_DTYPES",
     "LAYOUTS",
+    "Values",
     "all_dtypes",
     "apply_layout",
     "ddp_configs",
@@ -43,6 +44,7 @@ ALL_DTYPES: tuple[torch.dtype, ...] = (*FLOAT_DTYPES, torch.int64, torch.int32, 
 #: Memory layout names understood by :func:`apply_layout`, simplest first.
 LAYOUTS: tuple[str, ...] = ("contiguous", "transposed", "strided", "channels_last")
 
+#: What ``rank_tensors`` fills tensors with (see its docstring).
 Values = Literal["integers", "floats", "bits"]
 
 _SMALL_INT = 8  # |value| <= 8: exact in every float dtype, and so are sums of a few
