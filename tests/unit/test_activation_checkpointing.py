@@ -80,18 +80,19 @@ class _Multimodal(nn.Module):
 
 
 class _Unconventional(nn.Module):
-    """No known layout: a small ModuleList and a larger ModuleDict of blocks."""
+    """No known layout: a one-entry ModuleList, a two-entry digit-keyed ModuleDict, a three-entry named one."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.ModuleList([nn.Linear(4, 4, dtype=torch.float64)])
-        self.stages = nn.ModuleDict({"first": _Block("s0"), "second": _Block("s1")})
+        self.stages = nn.ModuleDict({"0": _Block("s0"), "1": _Block("s1")})
+        self.heads = nn.ModuleDict({name: nn.Linear(4, 4, dtype=torch.float64) for name in ("a", "b", "c")})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem[0](x)
         for block in self.stages.values():
             x = block(x)
-        return x
+        return torch.stack([head(x) for head in self.heads.values()]).sum(0)
 
 
 def _recomputed_in_backward(model: nn.Module) -> set[str]:
@@ -116,22 +117,24 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
 def test_causal_lm_blocks_are_the_language_group() -> None:
     """model.model.layers is found as the language group."""
     model = _CausalLM()
-    assert find_layer_groups(model) == {"language": model.model.layers}
+    assert find_layer_groups(model) == {"language": list(model.model.layers)}
 
 
 def test_multimodal_towers_are_found_by_name() -> None:
     """Language, vision and audio blocks are found under their conventional names."""
     model = _Multimodal()
     groups = find_layer_groups(model)
-    assert groups["language"] is model.model.language_model.layers
-    assert groups["vision"] is model.model.visual.blocks
-    assert groups["audio"] is model.audio_tower.layers
+    assert groups == {
+        "language": list(model.model.language_model.layers),
+        "vision": list(model.model.visual.blocks),
+        "audio": list(model.audio_tower.layers),
+    }
 
 
-def test_largest_container_is_the_fallback_group() -> None:
-    """With no known layout, the largest ModuleList/ModuleDict (by parameters) is taken."""
+def test_container_with_most_entries_is_the_fallback_group() -> None:
+    """No known layout: the ModuleList or digit-keyed ModuleDict with most entries wins; named ones never count."""
     model = _Unconventional()
-    assert find_layer_groups(model) == {"language": model.stages}
+    assert find_layer_groups(model) == {"language": list(model.stages.values())}
 
 
 VISION = {"v0.attn", "v0.mlp", "v1.attn", "v1.mlp"}
