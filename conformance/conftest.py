@@ -1,16 +1,19 @@
 """pytest options of the conformance suite: ``pytest conformance/ --conformance-gather MODULE ...``.
 
 Every registered check becomes one test per world size (``--dist-world-sizes``,
-default 1,2,3,4), run in the nemo_dist plugin's session worlds. Options:
-``--conformance-gather/-ddp/-config MODULE`` (naming any checks only those
-components; naming none checks the bundled ones), ``--conformance-preset``,
-``--conformance-tier`` (core, extended, all), ``--conformance-max-examples``
-and ``--conformance-backend`` (gloo, nccl).
+default 1,2,3,4), run in the nemo_dist plugin's session worlds; a check that
+needs no process group is one test, and a ddp check one test per entry point
+the module defines. Options: ``--conformance-gather/-ddp/-config MODULE``
+(naming any checks only those components; naming none checks the bundled
+ones), ``--conformance-gather-fn MODULE:NAME`` (one all-gather callable, with
+``--conformance-no-grad-fn`` and ``--conformance-gather-form``),
+``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
+``--conformance-max-examples`` and ``--conformance-backend`` (gloo, nccl).
 """
 
 from __future__ import annotations
 
-import importlib
+import re
 from typing import TYPE_CHECKING
 
 import pytest
@@ -18,7 +21,7 @@ import pytest
 if TYPE_CHECKING:
     from nemo_dist.conformance import Implementation
 
-_COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config")
+_OPTION_NAMES = re.compile(r"--(gather-fn|no-grad-fn|gather-form|gather|ddp|config|preset)\b")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,6 +33,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("config", "DDPConfig"),
     ):
         group.addoption(f"--conformance-{component}", metavar="MODULE", help=f"module with {names}")
+    group.addoption(
+        "--conformance-gather-fn",
+        metavar="MODULE:NAME",
+        help="one all-gather callable (function or autograd Function) instead of a gather module",
+    )
+    group.addoption(
+        "--conformance-no-grad-fn", metavar="MODULE:NAME", help="the no-grad counterpart of --conformance-gather-fn"
+    )
+    group.addoption(
+        "--conformance-gather-form", default="auto", help="output form of the callable: auto, cat, tuple, stacked"
+    )
     group.addoption("--conformance-preset", metavar="NAME", help="named module layout (nemo_dist, nemo_automodel)")
     group.addoption("--conformance-tier", default="all", help="core, extended or all (default all)")
     group.addoption(
@@ -49,34 +63,22 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     preset names all three; naming nothing checks the bundled modules.
     Raises ``pytest.UsageError`` saying how to fix a bad option.
     """
-    from nemo_dist.conformance import PRESETS, REFERENCE, Implementation
+    from nemo_dist.conformance import OptionError, resolve_implementation, validate_implementation
 
-    named = {c: config.getoption(f"--conformance-{c}") for c in _COMPONENTS}
-    named = {c: path for c, path in named.items() if path}
-    preset = config.getoption("--conformance-preset")
-    if preset is not None:
-        if preset not in PRESETS:
-            raise pytest.UsageError(
-                f"--conformance-preset {preset!r} is unknown; use one of {', '.join(PRESETS)}"
-            )
-        base = PRESETS[preset]
-        impl, checked = Implementation(**{c: named.get(c, getattr(base, c)) for c in _COMPONENTS}), _COMPONENTS
-    elif named:
-        impl = Implementation(**{c: named.get(c, getattr(REFERENCE, c)) for c in _COMPONENTS})
-        checked = tuple(c for c in _COMPONENTS if c in named)
-    else:
-        impl, checked = REFERENCE, _COMPONENTS
-    for component in _COMPONENTS:
-        path = getattr(impl, component)
-        if path is None:
-            continue
-        try:
-            importlib.import_module(path)
-        except Exception as exc:
-            raise pytest.UsageError(
-                f"--conformance-{component} module {path!r} does not import: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+    try:
+        impl, checked = resolve_implementation(
+            gather=config.getoption("--conformance-gather"),
+            ddp=config.getoption("--conformance-ddp"),
+            config=config.getoption("--conformance-config"),
+            preset=config.getoption("--conformance-preset"),
+            gather_fn=config.getoption("--conformance-gather-fn"),
+            no_grad_fn=config.getoption("--conformance-no-grad-fn"),
+            gather_form=config.getoption("--conformance-gather-form"),
+        )
+        validate_implementation(impl)
+    except OptionError as exc:
+        # The messages name the command's options; here they are --conformance-*.
+        raise pytest.UsageError(_OPTION_NAMES.sub(r"--conformance-\1", str(exc))) from None
     return impl, checked
 
 
@@ -96,7 +98,7 @@ def _sizes(config: pytest.Config) -> list[int]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize ``conformance_case`` over selected checks x world sizes (``gather.x-w2``)."""
+    """Parametrize ``conformance_case`` over selected check runs x world sizes (``gather.x-w2``, ``config.y``)."""
     if "conformance_case" not in metafunc.fixturenames:
         return
     from nemo_dist.conformance import load_checks, select_checks
@@ -104,12 +106,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     impl, checked = implementation(config)
     checks = select_checks(load_checks().values(), impl, config.getoption("--conformance-tier"), None, checked)
-    cases = [
-        pytest.param((c.name, size), id=f"{c.name}-w{size}")
-        for c in checks
-        for size in _sizes(config)
-        if c.applies_to(size)
-    ]
+    cases = []
+    for c in checks:
+        for name, variant in c.variants(impl):
+            if not c.needs_world:
+                cases.append(pytest.param((c.name, variant, 0), id=name))
+                continue
+            cases += [
+                pytest.param((c.name, variant, size), id=f"{name}-w{size}")
+                for size in _sizes(config)
+                if c.applies_to(size)
+            ]
     metafunc.parametrize("conformance_case", cases)
 
 

@@ -1,32 +1,55 @@
-"""Every registered conformance check as a pytest test, against the modules the options name.
+"""Every registered conformance check as a pytest test, against the implementation the options name.
 
 Layer 2: gloo worlds of the ``--dist-world-sizes`` (NCCL with
-``--conformance-backend nccl``). A check the implementation does not support
-is skipped with the reason; a failure shows hypothesis's shrunk example.
+``--conformance-backend nccl``); a check that needs no process group runs in
+this process. A check the implementation does not support, or that does not
+apply to what it did, is skipped with the reason; a failure shows
+hypothesis's shrunk example and the likely cause; a step past its adaptive
+deadline fails as a hang at once.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from nemo_dist.conformance import CHECKS, Implementation, hypothesis_settings, is_not_supported
+from nemo_dist.conformance import CHECKS, Implementation, NotApplicable, hypothesis_settings, is_not_supported
+from nemo_dist.conformance._deadline import Deadlines, DeadlineWorld, StepAborted, StepHung
 from nemo_dist.testing.plugin import WorldFactory
 
 
+@pytest.fixture(scope="session")
+def deadlines(pytestconfig: pytest.Config) -> Deadlines:
+    """Adaptive step deadlines shared by the session, capped by ``--dist-timeout``."""
+    return Deadlines(float(pytestconfig.getoption("dist_timeout")))
+
+
 def test_check_holds(
-    conformance_case: tuple[str, int],
-    conformance_impl: Implementation,
+    conformance_case: tuple[str, Implementation, int],
     world_factory: WorldFactory,
+    deadlines: Deadlines,
     pytestconfig: pytest.Config,
 ) -> None:
-    """The named check holds for the implementation in a world of the given size."""
-    name, size = conformance_case
+    """The named check holds for the implementation in a world of the given size (or with no world)."""
+    name, impl, size = conformance_case
     check = CHECKS[name]
-    world = world_factory(size, pytestconfig.getoption("--conformance-backend"))
+    world: Any = None
+    if size:
+        world = DeadlineWorld(world_factory(size, pytestconfig.getoption("--conformance-backend")), deadlines)
     with hypothesis_settings(pytestconfig.getoption("--conformance-max-examples"), database=True):
         try:
-            check(world, conformance_impl)
+            check(world, impl)
+        except NotApplicable as exc:
+            pytest.skip(f"not applicable: {exc}")
+        except StepHung as hung:
+            pytest.fail(f"HANG: {hung.deadline_note}\nHung step: {hung.call}\n{hung}", pytrace=False)
+        except StepAborted as broke:
+            pytest.fail(f"Failing step (not shrunk: it left ranks stuck or dead): {broke.call}\n{broke}", pytrace=False)
         except Exception as exc:
             if is_not_supported(exc):
                 pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
+            cause = getattr(exc, "likely_cause", "")
+            if cause:
+                exc.add_note(f"Likely cause: {cause}")
             raise

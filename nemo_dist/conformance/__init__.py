@@ -13,7 +13,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 
-from nemo_dist.conformance._impl import PRESETS, REFERENCE, Implementation, NotSupported
+from nemo_dist.conformance._impl import (
+    PRESETS,
+    REFERENCE,
+    Implementation,
+    NotApplicable,
+    NotSupported,
+    OptionError,
+    resolve_implementation,
+    validate_implementation,
+)
 from nemo_dist.conformance._registry import CHECKS, Check, WorldLike, check
 from nemo_dist.conformance._runner import (
     TIERS,
@@ -35,7 +44,9 @@ __all__ = [
     "TIERS",
     "Check",
     "Implementation",
+    "NotApplicable",
     "NotSupported",
+    "OptionError",
     "Report",
     "Verdict",
     "WorldLike",
@@ -44,10 +55,12 @@ __all__ = [
     "hypothesis_settings",
     "is_not_supported",
     "load_checks",
+    "resolve_implementation",
     "run_check",
     "run_checks",
     "run_conformance",
     "select_checks",
+    "validate_implementation",
 ]
 
 #: The modules whose import registers the bundled checks.

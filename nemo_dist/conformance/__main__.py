@@ -8,23 +8,24 @@ checks inside the torchrun world instead of starting its own worlds.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 
 from nemo_dist.conformance import (
     PRESETS,
-    REFERENCE,
     TIERS,
     Implementation,
+    OptionError,
     Report,
     Verdict,
     load_checks,
+    resolve_implementation,
     run_checks,
     select_checks,
+    validate_implementation,
 )
+from nemo_dist.conformance._impl import GATHER_FORMS
 from nemo_dist.conformance._report import format_progress, format_report, write_junit_xml
 
 __all__ = ["DEFAULT_MAX_EXAMPLES", "DEFAULT_WORLD_SIZES", "UsageError", "main"]
@@ -35,14 +36,6 @@ DEFAULT_WORLD_SIZES: tuple[int, ...] = (1, 2, 3, 4)
 #: Hypothesis examples per check when ``--max-examples`` is not given.
 DEFAULT_MAX_EXAMPLES = 10
 
-#: Names a module of each component must define.
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "gather": ("all_gather_with_grad", "all_gather_no_grad"),
-    "ddp": ("DDPManager",),
-    "config": ("DDPConfig",),
-}
-
-
 class UsageError(Exception):
     """A bad command line; the message says what and how to fix it (exit 2)."""
 
@@ -51,15 +44,33 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nemo-dist-conformance",
         description="Check that an implementation of the nemo_dist components (the bundled "
-        "one, or a fork named by module paths) keeps the contract. Naming some of "
-        "--gather/--ddp/--config checks only those components (the bundled modules serve "
-        "the others); --preset names all three; naming none checks the bundled nemo_dist modules.",
+        "one, a fork named by module paths, or any all-gather callable) keeps the contract. "
+        "Naming some of --gather/--gather-fn/--ddp/--config checks only those components (the "
+        "bundled modules serve the others); --preset names all three; naming none checks the "
+        "bundled nemo_dist modules.",
         epilog="Exit status: 0 conforms, 1 a check failed, 2 usage error. Under torchrun "
         "(torchrun --nproc-per-node N -m nemo_dist.conformance ...) the checks run in "
         "the torchrun world and rank 0 prints the table.",
     )
     p.add_argument("--gather", metavar="MODULE", help="module with all_gather_with_grad and all_gather_no_grad")
-    p.add_argument("--ddp", metavar="MODULE", help="module with DDPManager")
+    p.add_argument(
+        "--gather-fn",
+        metavar="MODULE:NAME",
+        help="one all-gather callable instead of a module: a function or a torch.autograd.Function "
+        "subclass (called through .apply); its output is the concatenation on dim 0, a tuple of W "
+        "tensors or a stacked [W, ...] tensor",
+    )
+    p.add_argument(
+        "--no-grad-fn",
+        metavar="MODULE:NAME",
+        help="the no-grad counterpart of --gather-fn (default: --gather-fn under torch.no_grad())",
+    )
+    p.add_argument(
+        "--gather-form",
+        default="auto",
+        help=f"output form of --gather-fn: {', '.join(GATHER_FORMS)} (default auto: detected from its first call)",
+    )
+    p.add_argument("--ddp", metavar="MODULE", help="module with parallelize_ddp, DDPManager, or both (each is checked)")
     p.add_argument("--config", metavar="MODULE", help="module with DDPConfig")
     p.add_argument("--preset", metavar="NAME", help=f"named module layout: {', '.join(PRESETS)}")
     p.add_argument(
@@ -83,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout",
         metavar="SECONDS",
         default="120",
-        help="deadline of one collective step before ranks are reported hung (default %(default)s)",
+        help="cap of the per-step deadline: a step may take 10 x the slowest passing step so far, at least "
+        "10 s, at most this many seconds, before its ranks are reported hung (default %(default)s)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
     return p
@@ -106,52 +118,6 @@ def _world_sizes(text: str) -> tuple[int, ...]:
         if size not in sizes:
             sizes.append(size)
     return tuple(sizes)
-
-
-def _implementation(args: argparse.Namespace) -> tuple[Implementation, tuple[str, ...]]:
-    """The implementation and the components to check.
-
-    A preset names all three modules (flags override it); without one, the
-    named components are checked and the bundled modules serve the others
-    (a DDP check needs a config class); naming nothing checks the bundled ones.
-    """
-    named = {c: getattr(args, c) for c in REQUIRED if getattr(args, c)}
-    if args.preset is not None:
-        if args.preset not in PRESETS:
-            raise UsageError(
-                f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}, "
-                "or name the modules with --gather/--ddp/--config"
-            )
-        base = PRESETS[args.preset]
-        return Implementation(**{c: named.get(c, getattr(base, c)) for c in REQUIRED}), tuple(REQUIRED)
-    if not named:
-        return REFERENCE, tuple(REQUIRED)
-    impl = Implementation(**{c: named.get(c, getattr(REFERENCE, c)) for c in REQUIRED})
-    return impl, tuple(c for c in REQUIRED if c in named)
-
-
-def _validate(impl: Implementation) -> None:
-    """Import every named module and check it has its required names."""
-    for component, names in REQUIRED.items():
-        path = getattr(impl, component)
-        if path is None:
-            continue
-        try:
-            module = importlib.import_module(path)
-        except Exception as exc:
-            hint = (
-                " (is it on sys.path? run from the checkout that holds it, or pip install it)"
-                if isinstance(exc, ModuleNotFoundError)
-                else ""
-            )
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            raise UsageError(f"--{component} module {path!r} does not import: {last}{hint}") from None
-        missing = [n for n in names if not hasattr(module, n)]
-        if missing:
-            raise UsageError(
-                f"--{component} module {path!r} has no {', '.join(missing)}; "
-                f"a {component} module must define {', '.join(names)}"
-            )
 
 
 def _cuda_available() -> bool:
@@ -177,8 +143,19 @@ def _options(
         timeout = -1.0
     if not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout expects a number of seconds > 0, such as --timeout 120; got {args.timeout!r}")
-    impl, components = _implementation(args)
-    _validate(impl)
+    try:
+        impl, components = resolve_implementation(
+            gather=args.gather,
+            ddp=args.ddp,
+            config=args.config,
+            preset=args.preset,
+            gather_fn=args.gather_fn,
+            no_grad_fn=args.no_grad_fn,
+            gather_form=args.gather_form,
+        )
+        validate_implementation(impl)
+    except OptionError as exc:
+        raise UsageError(str(exc)) from None
     return impl, components, sizes, max_examples, timeout
 
 
@@ -225,16 +202,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
             components=components,
         )
         if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
-            report = Report(
-                report.verdicts,
-                report.impl,
-                report.backend,
-                report.tier,
-                report.max_examples,
-                report.seconds,
-                (*report.notes, "--world-sizes is ignored under torchrun: the world is torchrun's"),
-                report.components,
-            )
+            report = report.with_notes("--world-sizes is ignored under torchrun: the world is torchrun's")
         code = _emit(report, args) if rank == 0 else report.exit_code(args.strict)
         codes: list[int | None] = [None] * dist.get_world_size()
         dist.all_gather_object(codes, code)

@@ -5,8 +5,14 @@ Every public function here runs on every rank of a world (through
 with ``torch.manual_seed`` so all ranks start equal, and returns plain data
 (CPU tensors, ints, bools, strings) for the parent to assert on.
 
-Device: models are built on CPU and ``DDPManager.parallelize`` moves them to
-the manager's device (the rank's GPU under NCCL, else CPU).  Inputs, targets
+The entry point is the one the implementation pins (``impl.ddp_api``):
+``DDPManager(config).parallelize(model)`` or ``parallelize_ddp(model,
+config)``; :func:`_parallelizer` hides the difference.  Upstream returns the
+model unwrapped in a world of one rank; functions that need the DDP object
+report ``"is_ddp"`` and leave it to the parent to call that not applicable.
+
+Device: models are built on CPU and the entry point moves them to the
+rank's device (the rank's GPU under NCCL, else CPU).  Inputs, targets
 and the single-process reference copies follow the wrapped model's
 parameters (:func:`_device_of`), and every tensor returned goes back with
 ``.cpu()``, so the same functions run in gloo and NCCL worlds.
@@ -32,7 +38,9 @@ __all__ = [
     "checkpoint_recompute",
     "contrastive_identity",
     "grad_bucket_aliasing",
-    "manager_basics",
+    "manager_attributes",
+    "placement",
+    "requires_process_group",
     "static_graph_training",
     "train_config",
     "unused_parameter",
@@ -187,9 +195,26 @@ def _seeded(factory: Callable[[], _M], seed: int, dtype: torch.dtype = torch.flo
 
 
 # ---------------------------------------------------------------------------- helpers
-def _manager(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
+class _FunctionEntryPoint:
+    """``parallelize_ddp`` bound to a config, with the manager's ``parallelize(model)`` shape."""
+
+    def __init__(self, function: Callable[..., nn.Module], config: Any) -> None:
+        self._function = function
+        self.config = config
+
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        return self._function(model, self.config)
+
+
+def _parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
+    """The implementation's entry point for a config of ``config_kwargs``: an object with ``parallelize(model)``."""
     config = impl.module("config").DDPConfig(**config_kwargs)
-    return impl.module("ddp").DDPManager(config)
+    module = impl.module("ddp")
+    if impl.resolved_ddp_api() == "DDPManager":
+        return module.DDPManager(config)
+    return _FunctionEntryPoint(module.parallelize_ddp, config)
+
+
 
 
 def _device_of(module: nn.Module) -> torch.device:
@@ -241,49 +266,78 @@ def _square_loss(out: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------ rank checks
-def manager_basics(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Build a manager and wrap a tiny model; report its attributes and the wrapper's shape.
+def _with_other_current_gpu(call: Callable[[], _M]) -> tuple[_M, int | None]:
+    """``call()`` with another GPU made current first (when NCCL has two or more); the current device after it.
 
-    Returns rank/world_size as the manager and torch.distributed see them, the
-    backend and the number of visible GPUs (0 without CUDA), the device, each
-    config field as mirrored on the manager and as on the config, whether
-    ``parallelize`` returned a DDP whose ``.module`` is the model, the devices
-    of its parameters, its ``device_ids`` (DDP stores indices: ints) and, under
-    CUDA, the current CUDA device after the manager was built.
-
-    To see that the manager itself makes its GPU current, the current device is
-    first set to another GPU (when there are two or more), and restored after.
+    Shows that the entry point itself makes its GPU current; the previous
+    current device is restored afterwards. On gloo nothing touches CUDA.
     """
-    config = impl.module("config").DDPConfig(**config_kwargs)
     backend = str(dist.get_backend())
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    watch_cuda = "nccl" in backend and cuda_count > 0  # gloo ranks never touch CUDA here
+    watch_cuda = "nccl" in backend and cuda_count > 0
     original = torch.cuda.current_device() if watch_cuda else None
     try:
         if watch_cuda and cuda_count > 1:
             torch.cuda.set_device((dist.get_rank() + 1) % cuda_count)
-        manager = impl.module("ddp").DDPManager(config)
+        value = call()
         current = torch.cuda.current_device() if watch_cuda else None
     finally:
         if original is not None:
             torch.cuda.set_device(original)
-    model = _seeded(_TinyModel, 0)
-    wrapped = manager.parallelize(model)
-    inner = getattr(wrapped, "module", None)
-    device_ids = getattr(wrapped, "device_ids", "<missing>")
+    return value, current
+
+
+def manager_attributes(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Build a ``DDPManager``; report its rank, world size, device and each config field it mirrors."""
+    config = impl.module("config").DDPConfig(**config_kwargs)
+    manager, current = _with_other_current_gpu(lambda: impl.module("ddp").DDPManager(config))
     return {
         "rank": (manager.rank, dist.get_rank()),
         "world_size": (manager.world_size, dist.get_world_size()),
-        "backend": backend,
-        "cuda_count": cuda_count,
         "device": str(getattr(manager, "device", "<missing>")),
         "current_device": current,
         "mirrored": {f: (getattr(manager, f, "<missing>"), getattr(config, f)) for f in CONFIG_FIELDS},
-        "is_ddp": isinstance(wrapped, DistributedDataParallel),
-        "module_is_model": inner is model,
-        "param_devices": sorted({str(p.device) for p in model.parameters()}),
-        "device_ids": _device_indices(device_ids),
     }
+
+
+def placement(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Wrap a tiny float64 model through the entry point; report what came back and where it lives.
+
+    Returns the backend, the number of visible GPUs (0 without CUDA), whether
+    the result is a DDP whose ``.module`` is the model or the model itself,
+    the devices and dtypes of its parameters, the DDP's ``device_ids`` (DDP
+    stores indices: ints; None when not a DDP) and, under CUDA, the current
+    CUDA device after the entry point ran.
+    """
+    model = _seeded(_TinyModel, 0)
+    wrapped, current = _with_other_current_gpu(lambda: _parallelizer(impl, config_kwargs).parallelize(model))
+    is_ddp = isinstance(wrapped, DistributedDataParallel)
+    return {
+        "backend": str(dist.get_backend()),
+        "cuda_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "current_device": current,
+        "is_ddp": is_ddp,
+        "module_is_model": getattr(wrapped, "module", None) is model,
+        "is_model": wrapped is model,
+        "returned": type(wrapped).__name__,
+        "param_devices": sorted({str(p.device) for p in model.parameters()}),
+        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "device_ids": _device_indices(getattr(wrapped, "device_ids", "<missing>")) if is_ddp else None,
+    }
+
+
+def requires_process_group(impl: Implementation) -> str | None:
+    """Call the entry point in this process (no process group); return the error type name, or None."""
+    config = impl.module("config").DDPConfig()
+    module = impl.module("ddp")
+    try:
+        if impl.resolved_ddp_api() == "DDPManager":
+            module.DDPManager(config).parallelize(_seeded(_TinyModel, 0))
+        else:
+            module.parallelize_ddp(_seeded(_TinyModel, 0), config)
+    except Exception as exc:  # the check asserts on the type
+        return type(exc).__name__
+    return None
 
 
 def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list[float]]:
@@ -295,7 +349,7 @@ def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list
     rank = dist.get_rank()
     model = _seeded(_Buffered, 1)
     model.offset.fill_(float(rank))
-    wrapped = _manager(impl, {"broadcast_buffers": broadcast_buffers}).parallelize(model)
+    wrapped = _parallelizer(impl, {"broadcast_buffers": broadcast_buffers}).parallelize(model)
     after_init = model.offset.tolist()
     x = torch.ones(2, _DIM, dtype=torch.float64, device=_device_of(model))
     wrapped(x).sum().backward()
@@ -335,12 +389,15 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
 
     The model has six 1024-element float64 parameters.  Key ``"plain"`` is
     torch's own DDP built with no ``bucket_cap_mb``, for comparison with None,
-    on the device the manager put its model on.
+    on the device the manager put its model on.  When the entry point does not
+    return a DDP: ``{"not a DDP": [], "returned": [type name]}``.
     """
     layouts: dict[str, list[int]] = {}
     device = torch.device("cpu")
     for cap in caps:
-        wrapped = _manager(impl, {"bucket_cap_mb": cap}).parallelize(_seeded(_bucket_model, 2))
+        wrapped = _parallelizer(impl, {"bucket_cap_mb": cap}).parallelize(_seeded(_bucket_model, 2))
+        if not isinstance(wrapped, DistributedDataParallel):
+            return {"not a DDP": [], "returned": [type(wrapped).__name__]}  # type: ignore[list-item]
         device = _device_of(wrapped)
         layouts[repr(cap)] = _bucket_sizes(wrapped, steps)
     plain = DistributedDataParallel(_seeded(_bucket_model, 2).to(device), device_ids=_ddp_device_ids(device))
@@ -352,10 +409,13 @@ def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict
     """Train two iterations of a model whose forward skips a parameter.
 
     Returns ``{"error": message or None, "params": parameters after the steps}``;
-    the DDP error is caught on the rank so every rank reports it.
+    the DDP error is caught on the rank so every rank reports it. When the
+    entry point does not return a DDP, ``"not_ddp"`` names what it returned.
     """
     model = _seeded(_SometimesUnused, 3)
-    wrapped = _manager(impl, {"find_unused_parameters": find_unused_parameters}).parallelize(model)
+    wrapped = _parallelizer(impl, {"find_unused_parameters": find_unused_parameters}).parallelize(model)
+    if not isinstance(wrapped, DistributedDataParallel):
+        return {"error": None, "params": [], "not_ddp": type(wrapped).__name__}
     global_x = torch.arange(4 * dist.get_world_size() * _DIM, dtype=torch.float64).reshape(-1, _DIM) / 50
     x = _local_rows(global_x, _device_of(model))
     try:
@@ -367,12 +427,16 @@ def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict
     return {"error": None, "params": _params(model)}
 
 
-def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, steps: int) -> list[list[bool]]:
-    """Per step, per parameter: does ``param.grad`` lie inside a bucket buffer of that step."""
+def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, steps: int) -> list[list[bool]] | str:
+    """Per step, per parameter: does ``param.grad`` lie inside a bucket buffer of that step.
+
+    When the entry point does not return a DDP: the name of what it returned.
+    """
     model = _seeded(_bucket_model, 4)
-    wrapped = _manager(impl, {"gradient_as_bucket_view": gradient_as_bucket_view, "bucket_cap_mb": 0.01}).parallelize(
-        model
-    )
+    config = {"gradient_as_bucket_view": gradient_as_bucket_view, "bucket_cap_mb": 0.01}
+    wrapped = _parallelizer(impl, config).parallelize(model)
+    if not isinstance(wrapped, DistributedDataParallel):
+        return type(wrapped).__name__
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     ranges: list[tuple[int, int]] = []
@@ -407,8 +471,10 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
 
     ``checkpointed``: the tiny model with checkpointed blocks; ``unused``: a model
     with a parameter that is never used (the non-static run uses
-    ``find_unused_parameters=True``).  Returns for each the DDP object's
-    ``static_graph`` attribute and the parameters of both runs after ``steps``.
+    ``find_unused_parameters=True``).  Returns for each the DDP objects'
+    ``static_graph`` attributes (``static_graph=True`` and the default) and
+    the parameters of both runs after ``steps``; ``{"not_ddp": type name}``
+    when the entry point does not return a DDP.
     """
     runs: dict[str, Any] = {}
     settings = {
@@ -417,13 +483,17 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
     }
     for name, (factory, static_extra, dynamic_extra) in settings.items():
         model = _seeded(factory, 5)
-        wrapped = _manager(impl, {"static_graph": True, **static_extra}).parallelize(model)
+        wrapped = _parallelizer(impl, {"static_graph": True, **static_extra}).parallelize(model)
+        if not isinstance(wrapped, DistributedDataParallel):
+            return {"not_ddp": type(wrapped).__name__}
         x = _local_rows(global_x, _device_of(model))
         static_params = _train(wrapped, model, x, steps, 0.1)
         other = _seeded(factory, 5)
-        dynamic_params = _train(_manager(impl, dynamic_extra).parallelize(other), other, x, steps, 0.1)
+        dynamic = _parallelizer(impl, dynamic_extra).parallelize(other)
+        dynamic_params = _train(dynamic, other, x, steps, 0.1)
         runs[name] = {
             "static_graph": getattr(wrapped, "static_graph", None),
+            "default_static_graph": getattr(dynamic, "static_graph", None),
             "static": static_params,
             "dynamic": dynamic_params,
         }
@@ -440,7 +510,7 @@ def checkpoint_recompute(
     with ``plain_grads`` from the same model wrapped without checkpointing.
     """
     plain = _seeded(_MultimodalModel, 6)
-    plain_wrapped = _manager(impl, {}).parallelize(plain)  # kept alive through backward
+    plain_wrapped = _parallelizer(impl, {}).parallelize(plain)  # kept alive through backward
     x = _local_rows(global_x, _device_of(plain))
     _square_loss(plain_wrapped(x)).backward()
     result: dict[str, Any] = {"plain_grads": _grads(plain), "scopes": {}}
@@ -449,7 +519,7 @@ def checkpoint_recompute(
         blocks = _multimodal_blocks(model)
         result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
-        wrapped = _manager(impl, config).parallelize(model)
+        wrapped = _parallelizer(impl, config).parallelize(model)
         loss = _square_loss(wrapped(x.to(_device_of(model))))
         before = {name: (b.attn.calls, b.mlp.calls) for name, (b, _) in blocks.items()}
         loss.backward()
@@ -463,7 +533,7 @@ def checkpoint_recompute(
 def autocast_output_dtype(impl: Implementation, autocast_dtype: Any) -> str:
     """The dtype (as a string) of a float32 tiny model's output through the wrapper."""
     model = _seeded(_TinyModel, 7, torch.float32)
-    wrapped = _manager(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
+    wrapped = _parallelizer(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
     return str(wrapped(torch.ones(2, _DIM, device=_device_of(model))).dtype)
 
 
@@ -495,7 +565,7 @@ def contrastive_identity(
         return nn.Linear(global_x.shape[1], 4)
 
     model = _seeded(encoder, 8)
-    wrapped = _manager(impl, {}).parallelize(model)
+    wrapped = _parallelizer(impl, {}).parallelize(model)
     device = _device_of(model)
     reference = _seeded(encoder, 8).to(device)
     x, y = _local_rows(global_x, device), _local_rows(global_y, device)
@@ -528,7 +598,7 @@ def train_config(
     autocast = config_kwargs.get("autocast_dtype")
     dtype = torch.float64 if autocast is None else torch.float32
     model = _seeded(_TinyModel, 9, dtype)
-    wrapped = _manager(impl, config_kwargs).parallelize(model)
+    wrapped = _parallelizer(impl, config_kwargs).parallelize(model)
     device = _device_of(model)
     reference = _seeded(_TinyModel, 9, dtype).to(device)
     params = _train(wrapped, model, _local_rows(global_x, device).to(dtype), steps, 0.1)

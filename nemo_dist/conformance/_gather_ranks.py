@@ -1,11 +1,13 @@
 """Rank side of the gather checks: module-level functions a world runs on every rank.
 
 Each function takes an :class:`Implementation` and plain per-rank data (lists of
-CPU tensors indexed by rank, layout names, loss names), imports the fork's
-gather module on the rank, works on the rank's device (the current CUDA device
-under NCCL, else CPU) and returns CPU tensors or small dicts, so the parent
-asserts and hypothesis shrinks there. Functions that expect an error catch it
-and return ``(type name, message)`` so that the world stays healthy.
+CPU tensors indexed by rank, layout names, loss names), calls the gather under
+test through its :class:`~nemo_dist.conformance._gather_target.GatherTarget`
+(a dist_utils module or one callable, its output turned into the
+concatenation), works on the rank's device (the current CUDA device under
+NCCL, else CPU) and returns CPU tensors or small dicts, so the parent asserts
+and hypothesis shrinks there. Functions that expect an error catch it and
+return ``(type name, message)`` so that the world stays healthy.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_dist.conformance._gather_target import target
 from nemo_dist.conformance._impl import Implementation
 from nemo_dist.testing.strategies import apply_layout
 
@@ -73,18 +76,36 @@ def _group(partition: Sequence[Sequence[int]]) -> Any:
     return mine
 
 
+def warm_up(impl: Implementation) -> str | None:
+    """Import what ``impl`` names on this rank; for a gather callable, the output form of a first call.
+
+    The first call gathers a small (2, 3) float tensor; its form ("cat",
+    "tuple" or "stacked") is returned, or None when the gather is not
+    checked or the call raised (the checks then report what goes wrong).
+    """
+    for component in ("gather", "ddp", "config"):
+        if getattr(impl, component) is not None:
+            impl.module(component)
+    if impl.gather_fn is None:
+        return None
+    x = torch.arange(6, dtype=torch.float32, device=_device()).reshape(2, 3) + 10 * _rank()
+    try:
+        return target(impl).form_of_call(x)
+    except Exception:
+        return None
+
+
 def forward(
     impl: Implementation, inputs: Sequence[torch.Tensor], layout: str, *, no_grad: bool, requires_grad: bool
 ) -> dict[str, Any]:
-    """Gather this rank's input (in ``layout``) with ``all_gather_with_grad`` or ``all_gather_no_grad``.
+    """Gather this rank's input (in ``layout``) with the target, with or without grad.
 
-    Returns the output, its ``requires_grad`` and whether the input kept its bits.
+    Returns the output (as the concatenation), its ``requires_grad`` and
+    whether the input kept its bits.
     """
-    gather = impl.module("gather")
     x = _input(inputs[_rank()], layout, requires_grad)
     before = x.detach().clone()
-    function = gather.all_gather_no_grad if no_grad else gather.all_gather_with_grad
-    out = function(x)
+    out = target(impl).gather(x, no_grad=no_grad)
     return {"out": _cpu(out), "requires_grad": out.requires_grad, "input_intact": same_bits(x.detach(), before)}
 
 
@@ -106,11 +127,10 @@ def backward(
     and the gradient retained on the gathered output (``out.retain_grad()``), or
     None when the output is a leaf (the identity of a world of one).
     """
-    gather = impl.module("gather")
     x = _input(inputs[_rank()], layout, True)
     g = apply_layout(grads[_rank()].to(_device()), grad_layout)
     x_before, g_before = x.detach().clone(), g.clone()
-    out = gather.all_gather_with_grad(x)
+    out = target(impl).gather(x)
     if not out.is_leaf:
         out.retain_grad()
     if loss == "direct":
@@ -151,16 +171,36 @@ def autograd_function(
     return {"parts": [_cpu(part) for part in parts], "grad": _cpu(x.grad)}
 
 
+def _with_and_without_grad(
+    x: torch.Tensor, g: torch.Tensor, gather: Any, **kwargs: Any
+) -> dict[str, Any]:
+    """Gather with grad and run ``out.backward(g)``, then gather without grad; return both.
+
+    The no-grad gather runs even when the first part raised, and the error is
+    raised only after it: a rank that fails after its collectives (an
+    IndexError in backward, say) still joins the next one, so the other ranks
+    do not wait for it and the group stays in step for the next call.
+    """
+    error: Exception | None = None
+    out = None
+    try:
+        out = gather.gather(x, **kwargs)
+        out.backward(g)
+    except Exception as exc:  # raised after the no-grad collective below
+        error = exc
+    plain = gather.gather(x, no_grad=True, **kwargs)
+    if error is not None:
+        raise error
+    assert out is not None
+    return {"out": _cpu(out), "grad": _cpu(x.grad), "no_grad_out": _cpu(plain), "no_grad_rg": plain.requires_grad}
+
+
 def uneven(
     impl: Implementation, inputs: Sequence[torch.Tensor], layout: str, grads: Sequence[torch.Tensor]
 ) -> dict[str, Any]:
     """Gather with ``uneven=True`` (with and without grad) and run ``out.backward(g)``."""
-    gather = impl.module("gather")
     x = _input(inputs[_rank()], layout, True)
-    out = gather.all_gather_with_grad(x, uneven=True)
-    out.backward(grads[_rank()].to(_device()))
-    plain = gather.all_gather_no_grad(x, uneven=True)
-    return {"out": _cpu(out), "grad": _cpu(x.grad), "no_grad_out": _cpu(plain), "no_grad_rg": plain.requires_grad}
+    return _with_and_without_grad(x, grads[_rank()].to(_device()), target(impl), uneven=True)
 
 
 def grouped(
@@ -170,13 +210,9 @@ def grouped(
     partition: Sequence[Sequence[int]],
 ) -> dict[str, Any]:
     """Gather over this rank's group of ``partition`` (``group=``), backward of ``out.backward(g)``."""
-    gather = impl.module("gather")
     group = _group(partition)
     x = _input(inputs[_rank()], "contiguous", True)
-    out = gather.all_gather_with_grad(x, group=group)
-    out.backward(grads[_rank()].to(_device()))
-    plain = gather.all_gather_no_grad(x, group=group)
-    return {"out": _cpu(out), "grad": _cpu(x.grad), "no_grad_out": _cpu(plain)}
+    return _with_and_without_grad(x, grads[_rank()].to(_device()), target(impl), group=group)
 
 
 def alone(impl: Implementation, inputs: Sequence[torch.Tensor], layout: str) -> dict[str, Any]:
@@ -210,18 +246,16 @@ def raises(
     ``group_partition`` makes groups; ``group_of`` picks the group of that rank
     (so other ranks call as non-members), else this rank's own group.
     """
-    gather = impl.module("gather")
-    kwargs: dict[str, Any] = {"uneven": True} if uneven else {}
+    group = None
     if group_partition is not None:
-        mine = _group(group_partition)
+        group = _group(group_partition)
         if group_of is not None:
-            mine = next(_GROUPS[tuple(m)] for m in group_partition if group_of in m)
-        kwargs["group"] = mine
+            group = next(_GROUPS[tuple(m)] for m in group_partition if group_of in m)
     x = inputs[_rank()]
     if isinstance(x, torch.Tensor):
         x = x.to(_device())
     try:
-        out = getattr(gather, f"all_gather_{function}")(x, **kwargs)
+        out = target(impl).gather(x, no_grad=function == "no_grad", group=group, uneven=uneven)
     except Exception as exc:  # any error: the check asserts on its type and message
         return type(exc).__name__, str(exc)
     return "no error", f"returned shape {tuple(out.shape)}"

@@ -19,7 +19,7 @@ from typing import Any
 
 from nemo_dist.conformance._impl import Implementation
 from nemo_dist.conformance._registry import Check
-from nemo_dist.conformance._runner import Report, Verdict, hypothesis_settings, run_checks_in
+from nemo_dist.conformance._runner import Report, Verdict, hypothesis_settings, run_checks_in, run_worldless
 from nemo_dist.testing import RankFailure
 
 __all__ = ["InWorld", "LockstepError", "in_torchrun", "init_from_env", "run_in_world"]
@@ -129,7 +129,9 @@ def run_in_world(
 
     Every rank must call it with the same arguments (checked: the ranks
     compare the check names first, and raise :class:`LockstepError` if they
-    differ). Checks whose world-size range excludes this world are skipped.
+    differ). Checks that need no process group run once (and skip: this
+    process has one); checks whose world-size range excludes this world are
+    not applicable.
     """
     import time
 
@@ -143,8 +145,10 @@ def run_in_world(
         )
     start = time.perf_counter()
     verdicts: list[Verdict] = []
+    notes = [f"torchrun world of {world.size} ranks; rank 0 reports"]
     with hypothesis_settings(max_examples, derandomize=True):
-        run_checks_in(checks, world, impl, verdicts, on_verdict)
+        run_worldless(checks, impl, verdicts, on_verdict)
+        run_checks_in(checks, world, impl, verdicts, on_verdict, notes=notes)
     return Report(
         tuple(verdicts),
         impl,
@@ -152,6 +156,6 @@ def run_in_world(
         tier,
         max_examples,
         time.perf_counter() - start,
-        (f"torchrun world of {world.size} ranks; rank 0 reports",),
+        tuple(notes),
         tuple(components),
     )

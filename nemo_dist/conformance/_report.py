@@ -15,16 +15,50 @@ MESSAGE_LINES = 10
 _LABELS = {
     "pass": "PASS",
     "fail": "FAIL",
+    "hang": "HANG",
+    "not applicable": "NOT APPLICABLE",
     "not supported": "NOT SUPPORTED",
     "skipped": "SKIPPED",
 }
 
+#: Summary words per outcome, in the order the summary line lists them.
+_SUMMARY = (
+    ("pass", "passed"),
+    ("fail", "failed"),
+    ("hang", "hung"),
+    ("not applicable", "not applicable"),
+    ("not supported", "not supported"),
+    ("skipped", "skipped"),
+)
+
 
 def _label(v: Verdict, strict: bool) -> str:
     label = _LABELS[v.outcome]
-    if v.outcome == "fail" and v.tier != "core" and not strict:
+    if v.failed and v.tier != "core" and not strict:
         return f"{label} (extended)"
     return label
+
+
+def _reason_text(message: str) -> str:
+    """The first line of a reason, without the exception name that carried it."""
+    line = _first_line(message)
+    for prefix in ("NotApplicable: ", "NotSupported: ", "SkipTest: "):
+        line = line.removeprefix(prefix)
+    return line
+
+
+def _world(v: Verdict) -> str:
+    return "-" if v.world_size == 0 else str(v.world_size)
+
+
+def _where(v: Verdict) -> str:
+    return "no process group" if v.world_size == 0 else f"world size {v.world_size}"
+
+
+def _short(verdicts: list[Verdict]) -> str:
+    """``check (w1, w2)`` for verdicts of one check (no sizes for a check without a world)."""
+    sizes = ", ".join(f"w{v.world_size}" for v in verdicts if v.world_size)
+    return f"{verdicts[0].check} ({sizes})" if sizes else verdicts[0].check
 
 
 def _first_line(text: str) -> str:
@@ -39,23 +73,26 @@ def _ordered(report: Report) -> list[Verdict]:
 
 
 def format_progress(v: Verdict) -> str:
-    """One line for a verdict as it arrives: ``w2 gather.forward ... PASS 0.31s``."""
-    return f"w{v.world_size} {v.check} ... {_LABELS[v.outcome]} {v.seconds:.2f}s"
+    """One line for a verdict as it arrives: ``w2 gather.forward ... PASS 0.31s`` (``w-`` without a world)."""
+    return f"w{_world(v)} {v.check} ... {_LABELS[v.outcome]} {v.seconds:.2f}s"
 
 
 def format_report(report: Report, strict: bool = False) -> str:
     """The verdict table, the failures with their shrunk examples, and a summary line.
 
-    Rows are one per check and world size (registration order, then size):
-    check, world size, tier, verdict, time. Each failure lists its example and
-    the first ``MESSAGE_LINES`` lines of its message; not-supported and
-    skipped rows list their reason in one line.
+    Rows are one per check run and world size (registration order, then
+    size; "-" for a check that needs no process group): check, world size,
+    tier, verdict, time. Each failure or hang lists its likely cause (when
+    one was found), its example and the first ``MESSAGE_LINES`` lines of its
+    message; not-applicable, not-supported and skipped rows list their
+    reason in one line; warnings raised inside the checks are listed once each.
     """
     impl = report.impl
+    labels = {"gather": impl.gather_label, "ddp": impl.ddp, "config": impl.config}
     components = "  ".join(
-        f"{name}={getattr(impl, name) or '-'}" + ("" if name in report.components else " (used, not checked)")
+        f"{name}={labels[name]}" + ("" if name in report.components else " (used, not checked)")
         for name in ("gather", "ddp", "config")
-        if getattr(impl, name) is not None
+        if labels[name] not in (None, "-")
     )
     examples = "profile" if report.max_examples is None else str(report.max_examples)
     lines = [
@@ -67,9 +104,7 @@ def format_report(report: Report, strict: bool = False) -> str:
     lines.append("")
     rows = [("check", "world", "tier", "verdict", "time")]
     for v in _ordered(report):
-        rows.append(
-            (v.check, str(v.world_size), v.tier, _label(v, strict), f"{v.seconds:.2f}s")
-        )
+        rows.append((v.check, _world(v), v.tier, _label(v, strict), f"{v.seconds:.2f}s"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for i, row in enumerate(rows):
         cells = [c.ljust(w) for c, w in zip(row[:4], widths[:4], strict=True)]
@@ -80,28 +115,42 @@ def format_report(report: Report, strict: bool = False) -> str:
     if failures:
         lines += ["", "Failures", "========"]
         for v in failures:
-            lines.append(f"--- {v.check} (world size {v.world_size}, {v.tier} tier) ---")
+            lines.append(f"--- {v.check} ({_where(v)}, {v.tier} tier{', HANG' if v.outcome == 'hang' else ''}) ---")
+            if v.cause:
+                lines.append(f"Likely cause: {v.cause}")
             if v.example:
                 lines.extend(v.example.splitlines())
             message = v.message.strip().splitlines()
-            lines.extend(message[:MESSAGE_LINES])
-            if len(message) > MESSAGE_LINES:
-                lines.append(f"... ({len(message) - MESSAGE_LINES} more lines)")
+            shown = len(message) if v.outcome == "hang" else MESSAGE_LINES  # a hang shows every rank's stack
+            lines.extend(message[:shown])
+            if len(message) > shown:
+                lines.append(f"... ({len(message) - shown} more lines)")
             lines.append("")
-    reasons = [v for v in _ordered(report) if v.outcome == "not supported"]
-    if reasons:
-        lines += ["", "Not supported"]
-        lines += [f"  {v.check} (w{v.world_size}): {_first_line(v.message)}" for v in reasons]
+    for outcome, title in (("not applicable", "Not applicable"), ("not supported", "Not supported"),
+                           ("skipped", "Skipped")):
+        reasons: dict[tuple[str, str], list[Verdict]] = {}
+        for v in _ordered(report):
+            if v.outcome == outcome:
+                reasons.setdefault((v.check, _reason_text(v.message)), []).append(v)
+        if reasons:
+            lines += ["", title]
+            lines += [f"  {_short(same)}: {reason}" for (_, reason), same in reasons.items()]
+    raised = report.warnings()
+    if raised:
+        lines += ["", "Warnings raised inside the checks (notes, not failures)"]
+        for text, where in raised.items():
+            more = f" and {len(where) - 1} more" if len(where) > 1 else ""
+            lines.append(f"  {_first_line(text)} [{where[0]}{more}]")
     code = report.exit_code(strict)
-    summary = ", ".join(
-        f"{report.count(outcome)} {word}"  # type: ignore[arg-type]
-        for outcome, word in (
-            ("pass", "passed"),
-            ("fail", "failed"),
-            ("not supported", "not supported"),
-            ("skipped", "skipped"),
-        )
-    )
+    extended = sum(v.outcome == "fail" and v.tier != "core" for v in report.verdicts)
+    parts = []
+    for outcome, word in _SUMMARY:
+        n = report.count(outcome)  # type: ignore[arg-type]
+        if outcome == "fail" and extended:
+            word += f" ({extended} extended)"
+        if n or outcome in ("pass", "fail"):
+            parts.append(f"{n} {word}")
+    summary = ", ".join(parts)
     lines += [
         "",
         f"{summary} in {report.seconds:.1f}s -> "
@@ -113,10 +162,11 @@ def format_report(report: Report, strict: bool = False) -> str:
 def junit_xml(report: Report, strict: bool = False) -> ET.ElementTree:
     """A JUnit XML tree: one ``testcase`` per check and world size.
 
-    Failures get a ``failure`` element (message: first line, text: example and
-    message); not-supported and skipped rows a ``skipped`` element, except
-    that under ``strict`` not-supported is a failure. Extended-tier failures
-    are failures too (CI shows them); the exit code decides what blocks.
+    Failures and hangs get a ``failure`` element (message: first line, text:
+    likely cause, example and message); not-applicable, not-supported and
+    skipped rows a ``skipped`` element, except that under ``strict``
+    not-supported is a failure. Extended-tier failures are failures too (CI
+    shows them); the exit code decides what blocks.
     """
     suite = ET.Element("testsuite", name="nemo_dist.conformance")
     failures = skipped = 0
@@ -125,14 +175,15 @@ def junit_xml(report: Report, strict: bool = False) -> ET.ElementTree:
             suite,
             "testcase",
             classname=f"conformance.{v.component}.{v.tier}",
-            name=f"{v.check}[w{v.world_size}]",
+            name=f"{v.check}[w{_world(v)}]",
             time=f"{v.seconds:.3f}",
         )
         if v.failed or (strict and v.outcome == "not supported"):
             failures += 1
             element = ET.SubElement(case, "failure", message=_first_line(v.message))
-            element.text = "\n".join(filter(None, [v.example, v.message]))
-        elif v.outcome in ("not supported", "skipped"):
+            cause = f"Likely cause: {v.cause}" if v.cause else ""
+            element.text = "\n".join(filter(None, [cause, v.example, v.message]))
+        elif v.outcome in ("not applicable", "not supported", "skipped"):
             skipped += 1
             ET.SubElement(case, "skipped", message=f"{v.outcome}: {_first_line(v.message)}")
     suite.set("tests", str(len(report.verdicts)))

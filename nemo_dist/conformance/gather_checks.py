@@ -9,14 +9,26 @@ settings are the loaded profile's. Integer-valued data makes every sum exact,
 so results are compared bit for bit; the float-gradient check states its
 tolerance.
 
-Core tier: the seed contract (equal shapes). Extended tier: ``uneven=True``,
-``group=``, clear errors and the world-of-one identity.
+Core tier: exactly what upstream (nemo-automodel 0.7.0) does: forward and
+backward of the gather rule with equal shapes, nothing the caller owns
+modified, ``x`` itself returned when there is nothing to gather (no process
+group, or a world of one) and, in a larger world, a no-grad result outside
+autograd. Extended tier: what nemo_dist promises beyond that: ``uneven=True``,
+``group=``, clear errors on every rank, and an ``all_gather_no_grad`` result
+that never requires grad (upstream returns ``x`` itself when there is nothing
+to gather).
+
+The target may be a dist_utils module or one callable (``--gather-fn``);
+checks of a module-only promise are not applicable to a callable. A failing
+gradient or forward check re-runs its shrunk example in variants and attaches
+the likely cause (:mod:`~nemo_dist.conformance._diagnosis`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import unittest
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -24,8 +36,12 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nemo_dist.conformance import _diagnosis as diagnosis
 from nemo_dist.conformance import _gather_ranks as ranks
-from nemo_dist.conformance._impl import Implementation, NotSupported
+from nemo_dist.conformance._deadline import StepAborted, StepHung
+from nemo_dist.conformance._expected import expected_grads, upstream_for_loss
+from nemo_dist.conformance._gather_target import target
+from nemo_dist.conformance._impl import Implementation, NotApplicable, NotSupported
 from nemo_dist.conformance._registry import WorldLike, check
 from nemo_dist.testing import strategies as ds
 
@@ -38,30 +54,54 @@ __all__ = [
     "group_uses_group_ranks",
     "inputs_and_grads_not_modified",
     "no_grad_matches_cat_without_grad",
+    "no_grad_never_requires_grad",
     "single_rank_returns_input",
     "uneven_gathers_rows_in_rank_order",
     "uneven_mismatch_raises_on_every_rank",
+    "uninitialised_no_grad_never_requires_grad",
     "uninitialised_returns_input",
     "zero_dim_raises_on_every_rank",
 ]
 
 
 # ------------------------------------------------------------------ helpers
-def _offsets(rows: Sequence[int]) -> list[int]:
-    starts = [0]
-    for n in rows:
-        starts.append(starts[-1] + n)
-    return starts
+_expected_grads = expected_grads
 
 
-def _expected_grads(upstream: Sequence[torch.Tensor], rows: Sequence[int]) -> list[torch.Tensor]:
-    """The gradient rule: on rank r, the sum over ranks s of rank r's rows of ``upstream[s]``.
+class _LastFailure:
+    """The data of the last failing example of one check run, for the likely-cause diagnosis.
 
-    Summed in float64 (exact for the small integers drawn), cast to the dtype.
+    Hypothesis replays the shrunk example last, so after the property fails
+    this holds the example the verdict shows.
     """
-    starts = _offsets(rows)
-    total = torch.stack([g.double() for g in upstream]).sum(0)
-    return [total[starts[r] : starts[r + 1]].to(upstream[0].dtype) for r in range(len(rows))]
+
+    def __init__(self) -> None:
+        self.example: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def record(self, **example: Any) -> Iterator[None]:
+        """Remember ``example`` if the body raises (then re-raise)."""
+        try:
+            yield
+        except BaseException:
+            self.example = example
+            raise
+
+
+def _diagnosed(prop: Callable[[], None], last: _LastFailure, cause: Callable[[dict[str, Any]], str]) -> None:
+    """Run ``prop``; when it fails, attach ``cause(example)`` of its last failing example as ``likely_cause``."""
+    try:
+        prop()
+    except (Exception, StepAborted) as exc:
+        # A hang is its own verdict: re-running the example would only hang again.
+        if last.example is not None and not isinstance(exc, (NotSupported, NotApplicable, StepHung)):
+            try:
+                found = cause(last.example)
+            except (Exception, StepAborted):
+                found = ""
+            if found:
+                exc.likely_cause = found  # type: ignore[union-attr]
+        raise
 
 
 def _assert_same(got: Any, expected: torch.Tensor, what: str) -> None:
@@ -109,84 +149,92 @@ def _upstream_grads(
 def forward_matches_cat(world: WorldLike, impl: Implementation) -> None:
     """all_gather_with_grad returns cat of every rank's input in rank order, bit-exact, dtype kept."""
 
+    last = _LastFailure()
+
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        _, _, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes(), values="bits")
+        _, dtype, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes(), values="bits")
         requires_grad = data.draw(st.booleans(), label="requires_grad")
-        results = world.run(ranks.forward, impl, inputs, layout, no_grad=False, requires_grad=requires_grad)
-        expected = torch.cat(inputs)
-        for r, result in enumerate(results):
-            _assert_same(result["out"], expected, f"rank {r}: all_gather_with_grad output")
-            assert result["input_intact"], f"rank {r}: all_gather_with_grad modified the caller's input in place"
-            assert result["requires_grad"] == requires_grad, (
-                f"rank {r}: output requires_grad is {result['requires_grad']} for an input with "
-                f"requires_grad={requires_grad}"
-            )
+        outputs: list[Any] = []
+        with last.record(dtype=dtype, layout=layout, inputs=inputs, no_grad=False, outputs=outputs):
+            results = world.run(ranks.forward, impl, inputs, layout, no_grad=False, requires_grad=requires_grad)
+            outputs.extend(result["out"] for result in results)
+            expected = torch.cat(inputs)
+            for r, result in enumerate(results):
+                _assert_same(result["out"], expected, f"rank {r}: gathered output")
+                assert result["input_intact"], f"rank {r}: the gather modified the caller's input in place"
+                assert result["requires_grad"] == requires_grad, (
+                    f"rank {r}: output requires_grad is {result['requires_grad']} for an input with "
+                    f"requires_grad={requires_grad}"
+                )
 
-    prop()
+    _diagnosed(prop, last, lambda example: diagnosis.forward_cause(world, impl, example))
 
 
 @check("gather.no_grad_matches_cat_without_grad", tier="core", component="gather")
 def no_grad_matches_cat_without_grad(world: WorldLike, impl: Implementation) -> None:
-    """all_gather_no_grad returns the same cat for every dtype (ints, bool) and never requires grad."""
+    """The no-grad gather returns the same cat for every dtype (ints, bool); with 2+ ranks it needs no grad."""
+    last = _LastFailure()
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
         _, dtype, layout, inputs = _laid_out_inputs(data, world, ds.all_dtypes())
         requires_grad = dtype.is_floating_point and data.draw(st.booleans(), label="requires_grad")
-        results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=requires_grad)
-        expected = torch.cat(inputs)
-        for r, result in enumerate(results):
-            _assert_same(result["out"], expected, f"rank {r}: all_gather_no_grad output")
-            assert not result["requires_grad"], f"rank {r}: all_gather_no_grad output requires grad"
-            assert result["input_intact"], f"rank {r}: all_gather_no_grad modified the caller's input in place"
+        outputs: list[Any] = []
+        with last.record(dtype=dtype, layout=layout, inputs=inputs, no_grad=True, outputs=outputs):
+            results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=requires_grad)
+            outputs.extend(result["out"] for result in results)
+            expected = torch.cat(inputs)
+            for r, result in enumerate(results):
+                _assert_same(result["out"], expected, f"rank {r}: no-grad gathered output")
+                # Upstream returns x itself in a world of one: requires_grad is then x's (extended tier).
+                if world.size > 1:
+                    assert not result["requires_grad"], f"rank {r}: the no-grad gather's output requires grad"
+                assert result["input_intact"], f"rank {r}: the no-grad gather modified the caller's input in place"
 
-    prop()
+    _diagnosed(prop, last, lambda example: diagnosis.forward_cause(world, impl, example))
 
 
-def _check_backward(world: WorldLike, impl: Implementation, data: st.DataObject, loss: str) -> None:
+def _check_backward(
+    world: WorldLike, impl: Implementation, data: st.DataObject, loss: str, last: _LastFailure
+) -> None:
     shape, dtype, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes())
     out_shape, grads, grad_layout = _upstream_grads(data, world, shape, dtype)
     prefix = data.draw(st.integers(0, out_shape[0]), label="prefix") if loss == "prefix" else 0
-    results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
-    if loss == "sum":
-        upstream = [torch.ones(out_shape, dtype=dtype)] * world.size
-    elif loss == "twice":
-        upstream = [2 * g for g in grads]
-    elif loss == "prefix":
-        upstream = [torch.cat([g[:prefix], torch.zeros_like(g[prefix:])]) for g in grads]
-    else:
-        upstream = list(grads)
-    expected = _expected_grads(upstream, [shape[0]] * world.size)
-    for r, result in enumerate(results):
-        _assert_same(
-            result["grad"],
-            expected[r],
-            f"rank {r}: gradient of x for loss {loss!r} (expected: the sum over ranks of their "
-            f"upstream gradient rows {r * shape[0]}..{(r + 1) * shape[0] - 1})",
-        )
+    example = {"shape": shape, "dtype": dtype, "layout": layout, "inputs": inputs, "grads": grads,
+               "grad_layout": grad_layout, "loss": loss, "prefix": prefix}
+    with last.record(**example):
+        results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
+        expected = _expected_grads(upstream_for_loss(grads, loss, prefix, out_shape, dtype), [shape[0]] * world.size)
+        for r, result in enumerate(results):
+            _assert_same(
+                result["grad"],
+                expected[r],
+                f"rank {r}: gradient of x for loss {loss!r} (expected: the sum over ranks of their "
+                f"upstream gradient rows {r * shape[0]}..{(r + 1) * shape[0] - 1})",
+            )
+
+
+def _backward_property(world: WorldLike, impl: Implementation, losses: list[str]) -> None:
+    last = _LastFailure()
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        _check_backward(world, impl, data, data.draw(st.sampled_from(losses), label="loss"), last)
+
+    _diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
 
 
 @check("gather.backward_sums_rank_slices", tier="core", component="gather")
 def backward_sums_rank_slices(world: WorldLike, impl: Implementation) -> None:
     """The gradient of x on rank r is the sum over ranks of their upstream rows for rank r, exactly."""
-
-    @given(data=st.data())
-    def prop(data: st.DataObject) -> None:
-        _check_backward(world, impl, data, data.draw(st.sampled_from(["direct", "weighted"]), label="loss"))
-
-    prop()
+    _backward_property(world, impl, ["direct", "weighted"])
 
 
 @check("gather.backward_handles_sum_repeated_and_partial_losses", tier="core", component="gather")
 def backward_handles_sum_repeated_and_partial_losses(world: WorldLike, impl: Implementation) -> None:
     """The gradient rule holds for out.sum(), an output used twice and a loss on some rows only."""
-
-    @given(data=st.data())
-    def prop(data: st.DataObject) -> None:
-        _check_backward(world, impl, data, data.draw(st.sampled_from(["sum", "twice", "prefix"]), label="loss"))
-
-    prop()
+    _backward_property(world, impl, ["sum", "twice", "prefix"])
 
 
 def _tolerance(upstream: Sequence[torch.Tensor], rows: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:
@@ -200,29 +248,36 @@ def _tolerance(upstream: Sequence[torch.Tensor], rows: Sequence[int], dtype: tor
 def float_grads_within_tolerance(world: WorldLike, impl: Implementation) -> None:
     """With non-integer upstream gradients, x.grad is the float64 sum within W * eps * sum|g| per element."""
 
+    last = _LastFailure()
+
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
         shape, dtype = _shape_and_dtype(data, ds.float_dtypes())
         inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
         out_shape = (world.size * shape[0], *shape[1:])
         grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype, values="floats"), label="upstream grads")
-        results = world.run(ranks.backward, impl, inputs, "contiguous", grads, "contiguous", "direct")
-        rows = [shape[0]] * world.size
-        exact = [e.double() for e in _expected_grads([g.double() for g in grads], rows)]
-        bounds = _tolerance(grads, rows, dtype)
-        for r, result in enumerate(results):
-            got = result["grad"]
-            wanted = f"a {dtype} tensor of shape {tuple(exact[r].shape)}"
-            assert isinstance(got, torch.Tensor), f"rank {r}: gradient {got!r}, expected {wanted}"
-            assert got.dtype == dtype, f"rank {r}: gradient of dtype {got.dtype}, expected {wanted}"
-            assert got.shape == exact[r].shape, f"rank {r}: gradient of shape {tuple(got.shape)}, expected {wanted}"
-            error = (got.double() - exact[r]).abs()
-            assert bool((error <= bounds[r]).all()), (
-                f"rank {r}: gradient off by more than W * eps * sum|g| ({dtype})\n"
-                f"got\n{got}\nfloat64 reference\n{exact[r]}\nerror\n{error}\nbound\n{bounds[r]}"
-            )
+        example = {"shape": shape, "dtype": dtype, "layout": "contiguous", "inputs": inputs, "grads": grads,
+                   "grad_layout": "contiguous", "loss": "direct"}
+        with last.record(**example):
+            results = world.run(ranks.backward, impl, inputs, "contiguous", grads, "contiguous", "direct")
+            rows = [shape[0]] * world.size
+            exact = [e.double() for e in _expected_grads([g.double() for g in grads], rows)]
+            bounds = _tolerance(grads, rows, dtype)
+            for r, result in enumerate(results):
+                got = result["grad"]
+                wanted = f"a {dtype} tensor of shape {tuple(exact[r].shape)}"
+                assert isinstance(got, torch.Tensor), f"rank {r}: gradient {got!r}, expected {wanted}"
+                assert got.dtype == dtype, f"rank {r}: gradient of dtype {got.dtype}, expected {wanted}"
+                assert got.shape == exact[r].shape, (
+                    f"rank {r}: gradient of shape {tuple(got.shape)}, expected {wanted}"
+                )
+                error = (got.double() - exact[r]).abs()
+                assert bool((error <= bounds[r]).all()), (
+                    f"rank {r}: gradient off by more than W * eps * sum|g| ({dtype})\n"
+                    f"got\n{got}\nfloat64 reference\n{exact[r]}\nerror\n{error}\nbound\n{bounds[r]}"
+                )
 
-    prop()
+    _diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
 
 
 @check("gather.inputs_and_grads_not_modified", tier="core", component="gather")
@@ -252,32 +307,56 @@ def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> Non
     prop()
 
 
-@check("gather.uninitialised_returns_input", tier="core", component="gather")
-def uninitialised_returns_input(world: WorldLike, impl: Implementation) -> None:
-    """Without a process group, all_gather_with_grad returns x itself and all_gather_no_grad x without grad."""
+def _check_nothing_to_gather(inputs: Sequence[torch.Tensor], result: dict[str, Any], where: str) -> None:
+    x = inputs[0]
+    assert result["is_x"], f"{where}: all_gather_with_grad(x) did not return x itself"
+    _assert_same(result["no_grad_out"], x, f"{where}: all_gather_no_grad(x)")
+
+
+def _alone_inputs(data: st.DataObject) -> tuple[list[torch.Tensor], str]:
+    shape, dtype = _shape_and_dtype(data, ds.all_dtypes())
+    layout = data.draw(ds.layouts(shape), label="layout")
+    return data.draw(ds.rank_tensors(1, shape, dtype), label="inputs"), layout
+
+
+def _require_no_group() -> None:
     if dist.is_available() and dist.is_initialized():
         raise unittest.SkipTest("this process is a rank of a world (torchrun); the check needs one without a group")
 
+
+@check("gather.uninitialised_returns_input", tier="core", component="gather", needs_world=False)
+def uninitialised_returns_input(world: None, impl: Implementation) -> None:
+    """Without a process group, all_gather_with_grad returns x itself and all_gather_no_grad x's values."""
+    target(impl).require_module("returning x when there is no process group")
+    _require_no_group()
+
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        shape, dtype = _shape_and_dtype(data, ds.all_dtypes())
-        layout = data.draw(ds.layouts(shape), label="layout")
-        inputs = data.draw(ds.rank_tensors(1, shape, dtype), label="inputs")
+        inputs, layout = _alone_inputs(data)
         result = ranks.alone(impl, inputs, layout)  # here, in the parent: no process group
-        _assert_not_gathered(result, inputs[0], "no process group")
+        _check_nothing_to_gather(inputs, result, "no process group")
 
     prop()
 
 
-def _assert_not_gathered(result: dict[str, Any], x: torch.Tensor, where: str) -> None:
-    assert result["is_x"], f"{where}: all_gather_with_grad(x) did not return x itself"
-    _assert_same(result["no_grad_out"], x, f"{where}: all_gather_no_grad(x)")
-    assert not result["no_grad_rg"], f"{where}: all_gather_no_grad(x) requires grad"
+@check("gather.single_rank_returns_input", tier="core", component="gather", max_world=1)
+def single_rank_returns_input(world: WorldLike, impl: Implementation) -> None:
+    """In a world of one rank, all_gather_with_grad returns x itself and all_gather_no_grad x's values."""
+    target(impl).require_module("returning x in a world of one")
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        inputs, layout = _alone_inputs(data)
+        (result,) = world.run(ranks.alone, impl, inputs, layout)
+        _check_nothing_to_gather(inputs, result, "rank 0 of a world of 1")
+
+    prop()
 
 
 @check("gather.autograd_function_returns_rank_tuple", tier="core", component="gather")
 def autograd_function_returns_rank_tuple(world: WorldLike, impl: Implementation) -> None:
     """_AllGatherWithGrad.apply(x) returns W tensors in rank order; backward follows the gradient rule."""
+    target(impl).require_module("_AllGatherWithGrad")
     if not hasattr(impl.module("gather"), "_AllGatherWithGrad"):
         raise NotSupported(f"{impl.gather} has no _AllGatherWithGrad")
 
@@ -303,7 +382,7 @@ def autograd_function_returns_rank_tuple(world: WorldLike, impl: Implementation)
 @check("gather.uneven_gathers_rows_in_rank_order", tier="extended", component="gather")
 def uneven_gathers_rows_in_rank_order(world: WorldLike, impl: Implementation) -> None:
     """uneven=True gathers differing row counts in rank order; backward returns each rank its rows' sum."""
-    impl.require_gather_keyword("uneven")
+    target(impl).require("uneven")
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
@@ -328,7 +407,7 @@ def uneven_gathers_rows_in_rank_order(world: WorldLike, impl: Implementation) ->
 @check("gather.uneven_mismatch_raises_on_every_rank", tier="extended", component="gather", min_world=2)
 def uneven_mismatch_raises_on_every_rank(world: WorldLike, impl: Implementation) -> None:
     """uneven=True with differing trailing dims or dtypes raises ValueError naming the ranks, on every rank."""
-    impl.require_gather_keyword("uneven")
+    target(impl).require("uneven")
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
@@ -356,7 +435,8 @@ def uneven_mismatch_raises_on_every_rank(world: WorldLike, impl: Implementation)
 @check("gather.group_uses_group_ranks", tier="extended", component="gather", min_world=3)
 def group_uses_group_ranks(world: WorldLike, impl: Implementation) -> None:
     """With group=, output and gradient follow the group's ranks and size (world split in two groups)."""
-    impl.require_gather_keyword("group")
+    target(impl).require("group")
+    last = _LastFailure()
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
@@ -368,32 +448,45 @@ def group_uses_group_ranks(world: WorldLike, impl: Implementation) -> None:
         for members in partition:
             out_shape = (len(members) * shape[0], *shape[1:])
             grads += data.draw(ds.upstream_grads(len(members), out_shape, dtype), label=f"grads of {members}")
-        results = world.run(ranks.grouped, impl, inputs, grads, partition)
-        for members in partition:
-            expected_out = torch.cat([inputs[m] for m in members])
-            expected = _expected_grads([grads[m] for m in members], [shape[0]] * len(members))
-            for position, r in enumerate(members):
-                where = f"rank {r} (group rank {position} of {members})"
-                _assert_same(results[r]["out"], expected_out, f"{where}: all_gather_with_grad output")
-                _assert_same(results[r]["no_grad_out"], expected_out, f"{where}: all_gather_no_grad output")
-                _assert_same(results[r]["grad"], expected[position], f"{where}: gradient of x")
+        with last.record(shape=shape, dtype=dtype, partition=partition):
+            results = world.run(ranks.grouped, impl, inputs, grads, partition)
+            for members in partition:
+                expected_out = torch.cat([inputs[m] for m in members])
+                expected = _expected_grads([grads[m] for m in members], [shape[0]] * len(members))
+                for position, r in enumerate(members):
+                    where = f"rank {r} (group rank {position} of {members})"
+                    _assert_same(results[r]["out"], expected_out, f"{where}: gathered output")
+                    _assert_same(results[r]["no_grad_out"], expected_out, f"{where}: no-grad gathered output")
+                    _assert_same(results[r]["grad"], expected[position], f"{where}: gradient of x")
 
-    prop()
+    _diagnosed(prop, last, lambda example: diagnosis.group_cause(world, impl, example))
 
 
-@check("gather.single_rank_returns_input", tier="extended", component="gather", min_world=1, max_world=1)
-def single_rank_returns_input(world: WorldLike, impl: Implementation) -> None:
-    """In a world of one rank, all_gather_with_grad returns x itself and all_gather_no_grad x without grad."""
+@check("gather.no_grad_never_requires_grad", tier="extended", component="gather")
+def no_grad_never_requires_grad(world: WorldLike, impl: Implementation) -> None:
+    """The no-grad gather of an x that requires grad never requires grad, in a world of one too."""
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        shape, dtype = _shape_and_dtype(data, ds.all_dtypes())
-        layout = data.draw(ds.layouts(shape), label="layout")
-        inputs = data.draw(ds.rank_tensors(1, shape, dtype), label="inputs")
-        (result,) = world.run(ranks.alone, impl, inputs, layout)
-        _assert_not_gathered(result, inputs[0], "rank 0 of a world of 1")
+        _, _, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes())
+        results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=True)
+        for r, result in enumerate(results):
+            assert not result["requires_grad"], (
+                f"rank {r} of {world.size}: the no-grad gather of an x that requires grad requires grad "
+                + ("(x itself returned?)" if world.size == 1 else "")
+            )
 
     prop()
+
+
+@check("gather.uninitialised_no_grad_never_requires_grad", tier="extended", component="gather", needs_world=False)
+def uninitialised_no_grad_never_requires_grad(world: None, impl: Implementation) -> None:
+    """Without a process group, all_gather_no_grad(x) of an x that requires grad does not require grad."""
+    target(impl).require_module("all_gather_no_grad without a process group")
+    _require_no_group()
+    x = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    out = impl.module("gather").all_gather_no_grad(x)
+    assert not out.requires_grad, "without a process group, all_gather_no_grad(x) requires grad (x itself returned?)"
 
 
 @check("gather.zero_dim_raises_on_every_rank", tier="extended", component="gather")

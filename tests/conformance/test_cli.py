@@ -69,9 +69,18 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--ddp", "nemo_dist.loss.dist_utils"], "--ddp module 'nemo_dist.loss.dist_utils' has no DDPManager"),
+        (["--ddp", "nemo_dist.loss.dist_utils"],
+         "--ddp module 'nemo_dist.loss.dist_utils' has neither parallelize_ddp nor DDPManager"),
         (["--gather", "nemo_dist.distributed.config"], "has no all_gather_with_grad, all_gather_no_grad"),
-        (["--preset", "nemo_automodel"], "'nemo_automodel.components.loss.dist_utils' does not import"),
+        (["--gather-fn", "tests.forks.no_such_fork:gather"], "--gather-fn: module 'tests.forks.no_such_fork' does not"),
+        (["--gather-fn", "torch.distributed.nn.functional:no_such"],
+         "'torch.distributed.nn.functional' has no 'no_such'"),
+        (["--gather-fn", "torch.distributed.nn.functional"], "expected MODULE:NAME"),
+        (["--gather", "nemo_dist.loss.dist_utils", "--gather-fn", "torch.distributed.nn.functional:all_gather"],
+         "give one of them"),
+        (["--no-grad-fn", "torch.distributed.nn.functional:all_gather"], "--no-grad-fn goes with --gather-fn"),
+        (["--gather-fn", "torch.distributed.nn.functional:all_gather", "--gather-form", "list"],
+         "--gather-form expects one of auto, cat, tuple, stacked"),
         (["--preset", "mine"], "unknown --preset 'mine'; choose one of nemo_dist, nemo_automodel"),
         (["--world-sizes", "2,zero"], "--world-sizes expects an integer >= 1"),
         (["--world-sizes", "0"], "--world-sizes expects an integer >= 1"),
@@ -80,7 +89,8 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
         (["--backend", "mpi"], "--backend expects gloo or nccl"),
         (["--timeout", "0"], "--timeout expects a number of seconds > 0"),
     ],
-    ids=["ddp-lacks-manager", "gather-lacks-functions", "preset-not-installed", "unknown-preset",
+    ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
+         "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
          "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(

@@ -99,12 +99,12 @@ def test_every_rank_reaches_the_same_verdicts_and_example(rank_verdicts: list[li
     assert "x=0" in failing[3]
 
 
-def test_checks_outside_their_world_size_are_skipped_under_torchrun(world_factory: WorldFactory) -> None:
-    """In a world of 1, checks needing 2 ranks are skipped, not failed."""
+def test_checks_outside_their_world_size_are_not_applicable_under_torchrun(world_factory: WorldFactory) -> None:
+    """In a world of 1, checks needing 2 ranks are not applicable, not failed."""
     verdicts = world_factory(1).run(_run_fake_checks)[0]
     assert [(v.check, v.outcome) for v in verdicts] == [
         ("fake.passes", "pass"),
-        ("fake.fails_under_hypothesis", "skipped"),
+        ("fake.fails_under_hypothesis", "not applicable"),
         ("fake.not_supported_on_ranks", "not supported"),
-        ("fake.size_two_only", "skipped"),
+        ("fake.size_two_only", "not applicable"),
     ]

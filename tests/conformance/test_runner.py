@@ -41,14 +41,14 @@ def test_each_check_gets_one_verdict_per_world_size(report: Report) -> None:
 
 
 def test_outcomes_follow_what_each_check_did(report: Report) -> None:
-    """Pass, fail, not supported (parent or ranks), crash as fail, and size ranges as skipped."""
+    """Pass, fail, not supported (parent or ranks), crash as fail, and size ranges as not applicable."""
     assert _outcomes(report, 1) == {
         "fake.passes": "pass",
-        "fake.fails_under_hypothesis": "skipped",
+        "fake.fails_under_hypothesis": "not applicable",
         "fake.not_supported": "not supported",
         "fake.not_supported_on_ranks": "not supported",
         "fake.crashes": "fail",
-        "fake.size_two_only": "skipped",
+        "fake.size_two_only": "not applicable",
     }
     assert _outcomes(report, 2) == {
         "fake.passes": "pass",
@@ -85,14 +85,18 @@ def test_core_failure_makes_the_exit_code_one(report: Report) -> None:
     assert report.exit_code() == 1
 
 
-def test_a_hung_check_fails_with_the_stacks_and_the_next_check_runs() -> None:
-    """A check whose ranks hang fails with the harness's timeout report; the replaced world serves the next check."""
+def test_a_hung_check_is_a_hang_verdict_with_the_stacks_and_the_next_check_runs() -> None:
+    """A check whose ranks hang gets HANG with the hung call and each rank's stack; the next check runs."""
     with World(2, timeout=5.0) as world:
-        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), worlds=lambda size: world)
+        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), timeout=5.0, worlds=lambda size: world)
     hung, after = report.verdicts
-    assert hung.outcome == "fail"
-    assert hung.message.startswith("WorldTimeout: rank 0 of 2 did not finish within 5 s")
+    assert hung.outcome == "hang"
+    assert hung.message.startswith("deadline 5 s: 10 x the slowest passing step so far")
+    assert "rank 0 of 2 did not finish" in hung.message
+    assert "in barrier" in hung.message
+    assert hung.example == "Hung step: tests.conformance._fake_checks._rank_zero_waits_alone()"
     assert after.outcome == "pass"
+    assert report.exit_code() == 1
 
 
 def test_skip_test_from_a_check_is_skipped_not_failed(world_factory: WorldFactory) -> None:

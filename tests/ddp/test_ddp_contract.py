@@ -15,9 +15,15 @@ from nemo_dist.testing import World
 pytestmark = pytest.mark.world_sizes(2, 3)
 
 
-def test_manager_sets_rank_device_mirrors_fields_and_wraps_in_cpu_ddp(dist_world: World) -> None:
-    """DDPManager has rank/world_size/device, the seven config fields, and returns a CPU DDP of the model."""
-    ddp_checks.manager_basics(dist_world, REFERENCE)
+def test_manager_sets_rank_device_and_mirrors_the_config_fields(dist_world: World) -> None:
+    """DDPManager has rank/world_size/device and the seven config fields as attributes."""
+    ddp_checks.manager_attributes(dist_world, REFERENCE)
+
+
+@pytest.mark.parametrize("api", ["parallelize_ddp", "DDPManager"])
+def test_both_entry_points_return_a_cpu_ddp_of_the_model(dist_world: World, api: str) -> None:
+    """parallelize_ddp and DDPManager.parallelize return a DDP over the model, on CPU, device_ids None."""
+    ddp_checks.parallelize_wraps_and_places(dist_world, REFERENCE.with_ddp_api(api))
 
 
 def test_broadcast_buffers_true_syncs_rank0_buffers_false_never_syncs(dist_world: World) -> None:
@@ -41,13 +47,18 @@ def test_gradient_as_bucket_view_puts_grads_inside_bucket_buffers(dist_world: Wo
 
 
 def test_static_graph_is_recorded_and_trains_like_dynamic_graph(dist_world: World) -> None:
-    """static_graph=True is set on the DDP, accepts checkpointing and an unused parameter, trains as without it."""
+    """static_graph=True is set on the DDP (False by default), accepts checkpointing and an unused parameter."""
     ddp_checks.static_graph(dist_world, REFERENCE)
 
 
 def test_full_checkpointing_recomputes_exactly_selected_blocks(dist_world: World) -> None:
     """Full checkpointing reruns attn/mlp of exactly the selected trainable blocks in backward, same gradients."""
     ddp_checks.activation_checkpointing_full(dist_world, REFERENCE)
+
+
+def test_no_checkpointing_recomputes_no_block(dist_world: World) -> None:
+    """activation_checkpointing=False reruns no attn/mlp in backward, whatever the scope."""
+    ddp_checks.activation_checkpointing_off(dist_world, REFERENCE)
 
 
 def test_selective_checkpointing_recomputes_exactly_selected_blocks(dist_world: World) -> None:

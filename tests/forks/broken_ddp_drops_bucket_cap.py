@@ -5,10 +5,13 @@ Guarded by ``ddp.bucket_cap_mb``: a small cap gives as many buckets as a large o
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nemo_dist.distributed.ddp import DDPManager as _ReferenceManager
+from nemo_dist.distributed.ddp import parallelize_ddp
 
 __all__ = ["DDPManager"]
 
@@ -18,8 +21,4 @@ class DDPManager(_ReferenceManager):
 
     def parallelize(self, model: nn.Module) -> DistributedDataParallel:
         """Wrap like the reference but drop ``bucket_cap_mb`` (the deliberate bug)."""
-        cap, self.bucket_cap_mb = self.bucket_cap_mb, None
-        try:
-            return super().parallelize(model)
-        finally:
-            self.bucket_cap_mb = cap
+        return parallelize_ddp(model, dataclasses.replace(self.config, bucket_cap_mb=None), device=self.device)

@@ -5,10 +5,13 @@ Guarded by ``ddp.activation_checkpointing_full`` / ``_selective``: no block runs
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nemo_dist.distributed.ddp import DDPManager as _ReferenceManager
+from nemo_dist.distributed.ddp import parallelize_ddp
 
 __all__ = ["DDPManager"]
 
@@ -18,8 +21,4 @@ class DDPManager(_ReferenceManager):
 
     def parallelize(self, model: nn.Module) -> DistributedDataParallel:
         """Wrap like the reference but skip activation checkpointing (the deliberate bug)."""
-        mode, self.activation_checkpointing = self.activation_checkpointing, False
-        try:
-            return super().parallelize(model)
-        finally:
-            self.activation_checkpointing = mode
+        return parallelize_ddp(model, dataclasses.replace(self.config, activation_checkpointing=False), device=self.device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_dist.conformance import CHECKS, REFERENCE, is_not_supported
+from nemo_dist.conformance import CHECKS, REFERENCE, Implementation, is_not_supported
 from nemo_dist.conformance import _gather_ranks as gather_ranks
 from nemo_dist.testing.plugin import WorldFactory
 from tests.gpu import nccl_rank_fns
@@ -23,24 +23,32 @@ WORLD_SIZES = (1, 2, 4, 8)
 
 
 def _cases() -> list[object]:
-    """One case per (registered check, world size); sizes a check does not apply to are skipped marks."""
+    """One case per run of a registered check that needs a world (ddp ones per entry point) and world size.
+
+    Sizes a check does not apply to are skipped marks; checks that need no
+    process group run on CPU in the other layers, not here.
+    """
     cases: list[object] = []
-    for name, check in CHECKS.items():
-        for size in WORLD_SIZES:
-            marks = [pytest.mark.xdist_group(name=f"nemo_dist_nccl_w{size}")]
-            if not check.applies_to(size):
-                bounds = f"{check.min_world}..{check.max_world or 'any'}"
-                marks.append(pytest.mark.skip(reason=f"{name} does not apply to a world of {size} (sizes {bounds})"))
-            cases.append(pytest.param(name, size, marks=marks, id=f"{name}-w{size}"))
+    for check in CHECKS.values():
+        if not check.needs_world:
+            continue
+        for name, impl in check.variants(REFERENCE):
+            for size in WORLD_SIZES:
+                marks = [pytest.mark.xdist_group(name=f"nemo_dist_nccl_w{size}")]
+                if not check.applies_to(size):
+                    bounds = f"{check.min_world}..{check.max_world or 'any'}"
+                    reason = f"{name} does not apply to a world of {size} (sizes {bounds})"
+                    marks.append(pytest.mark.skip(reason=reason))
+                cases.append(pytest.param(check.name, impl, size, marks=marks, id=f"{name}-w{size}"))
     return cases
 
 
-@pytest.mark.parametrize(("name", "size"), _cases())
-def test_check_holds_in_nccl_world(name: str, size: int, world_factory: WorldFactory) -> None:
+@pytest.mark.parametrize(("name", "impl", "size"), _cases())
+def test_check_holds_in_nccl_world(name: str, impl: Implementation, size: int, world_factory: WorldFactory) -> None:
     """The registered check holds for the reference in an NCCL world of this size."""
     world = world_factory(size, backend="nccl")
     try:
-        CHECKS[name](world, REFERENCE)
+        CHECKS[name](world, impl)
     except Exception as exc:
         if is_not_supported(exc):
             pytest.skip(f"not supported: {str(exc).splitlines()[0]}")

@@ -1,0 +1,115 @@
+"""Layer 2: gloo worlds of 2 and 3 ranks. The gallery of public all-gather patterns, checked with ``--gather-fn``.
+
+Each fork under ``tests/forks/gallery_*`` is one pattern common in public
+contrastive-learning code, written from its description in
+``conformance/README.md`` (section "A gallery of all-gathers found in the
+wild"). Each is checked as a bare callable, through the same selection and
+runner as ``nemo-dist-conformance --gather-fn MODULE:NAME``, and must get the
+core verdict and likely cause the gallery promises. ``torch.distributed.nn.
+functional.all_gather`` is checked as it is; its gloo bug is tracked so the
+suite says when a torch release fixes it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_dist.conformance import Implementation, Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance._diagnosis import CAUSES
+from nemo_dist.conformance._report import format_report
+from nemo_dist.testing.plugin import WorldFactory
+
+SIZES = (2, 3)
+#: The gradient checks whose failures name a likely cause.
+GRADIENT_CHECKS = ("gather.backward_sums_rank_slices", "gather.backward_handles_sum_repeated_and_partial_losses")
+
+#: (callable, core exit status, the likely cause on the failing gradient checks or None).
+GALLERY: list[tuple[str, int, str | None]] = [
+    ("tests.forks.gallery_gather_layer_own_grad:GatherLayer", 1, CAUSES["own"]),
+    ("tests.forks.gallery_gather_layer_summed:GatherLayer", 0, None),
+    ("tests.forks.gallery_gather_layer_averaged:GatherLayer", 1, CAUSES["mean"]),
+    ("tests.forks.gallery_gather_layer_times_world:GatherLayer", 1, CAUSES["times_w"]),
+    ("tests.forks.gallery_gather_features_local_slot:gather_features", 1, CAUSES["own"]),
+    ("tests.forks.gallery_chunk_own_rows:AllGatherCat", 1, CAUSES["own"]),
+    ("tests.forks.gallery_reversed_order:gather_reversed", 1, CAUSES["reversed"]),
+    ("tests.forks.gallery_stacked_global_rank:AllGather", 0, None),
+    ("tests.forks.gallery_subgroup_guard_hangs:GroupGather", 0, None),
+]
+
+TORCH_ALL_GATHER = "torch.distributed.nn.functional:all_gather"
+
+
+def _run(
+    spec: str, world_factory: WorldFactory, tier: str, select: str | None = None, max_examples: int = 10
+) -> tuple[Report, str]:
+    impl = Implementation(gather=None, gather_fn=spec)
+    checks = select_checks(load_checks().values(), impl, tier, select, ("gather",))
+    report = run_checks(
+        checks, impl, SIZES, max_examples=max_examples, timeout=60, worlds=world_factory, components=("gather",)
+    )
+    return report, format_report(report)
+
+
+def _pattern(spec: str) -> str:
+    return spec.split(":")[0].rsplit(".", 1)[1].removeprefix("gallery_")
+
+
+@pytest.mark.parametrize(("spec", "exit_code", "cause"), GALLERY, ids=[_pattern(g[0]) for g in GALLERY])
+def test_gallery_pattern_gets_its_core_verdict_and_likely_cause(
+    spec: str, exit_code: int, cause: str | None, world_factory: WorldFactory
+) -> None:
+    """The pattern's core verdict is the gallery's; each failing gradient check names the gallery's likely cause."""
+    report, table = _run(spec, world_factory, "core")
+    assert report.exit_code() == exit_code, table
+    failed = [v for v in report.verdicts if v.failed and v.check in GRADIENT_CHECKS]
+    if cause is None:
+        assert not failed, table
+        return
+    assert {v.world_size for v in failed} == set(SIZES), table
+    assert all(v.cause.startswith(cause) for v in failed), table
+    assert f"Likely cause: {cause}" in table
+
+
+def test_global_rank_in_a_subgroup_is_named_as_the_cause(world_factory: WorldFactory) -> None:
+    """The Lightning-style stacked gather fails the subgroup check, which names the global-rank mix-up."""
+    report, table = _run("tests.forks.gallery_stacked_global_rank:AllGather", world_factory, "extended", "group")
+    (verdict,) = [v for v in report.verdicts if v.world_size == 3]
+    assert verdict.outcome == "fail", table
+    assert verdict.cause == CAUSES["subgroup_global_rank"], table
+
+
+def test_a_fork_hanging_in_the_subgroup_check_gets_hang_and_the_rest_stands(world_factory: WorldFactory) -> None:
+    """The guard written with the global rank hangs the subgroup check: HANG there, every other verdict as before."""
+    report, table = _run("tests.forks.gallery_subgroup_guard_hangs:GroupGather", world_factory, "all")
+    hung = [v for v in report.verdicts if v.outcome == "hang"]
+    assert [(v.check, v.world_size) for v in hung] == [("gather.group_uses_group_ranks", 3)], table
+    assert "did not finish" in hung[0].message, table
+    assert "Hung step:" in hung[0].example, table
+    assert hung[0].seconds < 30, table
+    assert (report.exit_code(), report.exit_code(strict=True)) == (0, 1), table
+    passed = {v.check for v in report.verdicts if v.outcome == "pass"}
+    assert {"gather.forward_matches_cat", *GRADIENT_CHECKS} <= passed, table
+
+
+def test_torch_all_gather_is_wrong_only_for_non_contiguous_gradients(world_factory: WorldFactory) -> None:
+    """torch.distributed.nn.functional.all_gather on gloo: the gradient checks fail, naming non-contiguous gradients.
+
+    When a torch release fixes its backward, this test fails: then the
+    gallery entry and ``test_torch_all_gather_conforms`` change.
+    """
+    report, table = _run(TORCH_ALL_GATHER, world_factory, "core", "backward", max_examples=40)
+    failed = [v for v in report.verdicts if v.failed]
+    assert failed, table
+    assert all(v.cause == CAUSES["noncontiguous_grad"] for v in failed), table
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch.distributed.nn.functional.all_gather's gloo backward scatters into buffers with the "
+    "gradient's strides, and gloo's scatter mishandles non-contiguous tensors (torch 2.13); "
+    "an XPASS here means a torch release fixed it",
+)
+def test_torch_all_gather_conforms(world_factory: WorldFactory) -> None:
+    """torch.distributed.nn.functional.all_gather keeps the core contract (it does not yet on gloo)."""
+    report, table = _run(TORCH_ALL_GATHER, world_factory, "core", max_examples=40)
+    assert report.exit_code() == 0, table
