@@ -68,6 +68,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "nemo_dist.conformance.gather_checks",
     "nemo_dist.conformance.ddp_checks",
     "nemo_dist.conformance.config_checks",
+    "nemo_dist.conformance.model_checks",
 )
 
 

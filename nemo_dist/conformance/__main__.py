@@ -89,7 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--strict", action="store_true", help="fail on any failing or unsupported check, not only core")
     p.add_argument("--junit-xml", metavar="PATH", help="also write a JUnit XML report to PATH")
-    p.add_argument("-k", "--select", metavar="TEXT", help="run only checks whose name contains TEXT")
+    p.add_argument(
+        "-k",
+        "--select",
+        metavar="TEXT",
+        help="run only checks whose name contains TEXT ('not TEXT': all but those)",
+    )
     p.add_argument(
         "--timeout",
         metavar="SECONDS",

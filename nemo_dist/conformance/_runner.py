@@ -136,17 +136,22 @@ def select_checks(
     """The checks of ``tier`` and of the checked components, in the given order.
 
     ``tier`` is "core", "extended" or "all"; ``select`` keeps only checks whose
-    name contains it; ``components`` defaults to those ``impl`` names (not
-    ``None``). Raises ``ValueError`` for an unknown tier.
+    name contains it ("not TEXT": only those whose name does not);
+    ``components`` defaults to those ``impl`` names (not ``None``). Raises
+    ``ValueError`` for an unknown tier.
     """
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {', '.join(TIERS)}; got {tier!r}")
     wanted = set(checked_components(impl) if components is None else components)
-    return [
-        c
-        for c in checks
-        if (tier == "all" or c.tier == tier) and c.component in wanted and (not select or select in c.name)
-    ]
+    return [c for c in checks if (tier == "all" or c.tier == tier) and c.component in wanted and _selected(c, select)]
+
+
+def _selected(check: Check, select: str | None) -> bool:
+    if not select:
+        return True
+    if select.startswith("not "):
+        return select[4:].strip() not in check.name
+    return select in check.name
 
 
 def checked_components(impl: Implementation) -> tuple[str, ...]:

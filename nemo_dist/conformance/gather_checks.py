@@ -65,7 +65,6 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ helpers
-_expected_grads = expected_grads
 
 
 class _LastFailure:
@@ -205,7 +204,7 @@ def _check_backward(
                "grad_layout": grad_layout, "loss": loss, "prefix": prefix}
     with last.record(**example):
         results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
-        expected = _expected_grads(upstream_for_loss(grads, loss, prefix, out_shape, dtype), [shape[0]] * world.size)
+        expected = expected_grads(upstream_for_loss(grads, loss, prefix, out_shape, dtype), [shape[0]] * world.size)
         for r, result in enumerate(results):
             _assert_same(
                 result["grad"],
@@ -239,7 +238,7 @@ def backward_handles_sum_repeated_and_partial_losses(world: WorldLike, impl: Imp
 
 def _tolerance(upstream: Sequence[torch.Tensor], rows: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:
     """Elementwise bound ``W * eps(dtype) * sum_s |g_s|`` on the rounding error of a W-term sum."""
-    magnitudes = _expected_grads([g.double().abs() for g in upstream], rows)
+    magnitudes = expected_grads([g.double().abs() for g in upstream], rows)
     eps = torch.finfo(dtype).eps
     return [len(upstream) * eps * m.double() + 1e-300 for m in magnitudes]
 
@@ -261,7 +260,7 @@ def float_grads_within_tolerance(world: WorldLike, impl: Implementation) -> None
         with last.record(**example):
             results = world.run(ranks.backward, impl, inputs, "contiguous", grads, "contiguous", "direct")
             rows = [shape[0]] * world.size
-            exact = [e.double() for e in _expected_grads([g.double() for g in grads], rows)]
+            exact = [e.double() for e in expected_grads([g.double() for g in grads], rows)]
             bounds = _tolerance(grads, rows, dtype)
             for r, result in enumerate(results):
                 got = result["grad"]
@@ -367,7 +366,7 @@ def autograd_function_returns_rank_tuple(world: WorldLike, impl: Implementation)
         out_shape = (world.size * shape[0], *shape[1:])
         grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
         results = world.run(ranks.autograd_function, impl, inputs, grads)
-        expected = _expected_grads(grads, [shape[0]] * world.size)
+        expected = expected_grads(grads, [shape[0]] * world.size)
         for r, result in enumerate(results):
             parts = result["parts"]
             assert len(parts) == world.size, f"rank {r}: {len(parts)} tensors for {world.size} ranks"
@@ -394,7 +393,7 @@ def uneven_gathers_rows_in_rank_order(world: WorldLike, impl: Implementation) ->
         grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
         results = world.run(ranks.uneven, impl, inputs, layout, grads)
         expected_out = torch.cat(inputs)
-        expected = _expected_grads(grads, rows)
+        expected = expected_grads(grads, rows)
         for r, result in enumerate(results):
             _assert_same(result["out"], expected_out, f"rank {r}: all_gather_with_grad(uneven=True) output")
             _assert_same(result["no_grad_out"], expected_out, f"rank {r}: all_gather_no_grad(uneven=True) output")
@@ -452,7 +451,7 @@ def group_uses_group_ranks(world: WorldLike, impl: Implementation) -> None:
             results = world.run(ranks.grouped, impl, inputs, grads, partition)
             for members in partition:
                 expected_out = torch.cat([inputs[m] for m in members])
-                expected = _expected_grads([grads[m] for m in members], [shape[0]] * len(members))
+                expected = expected_grads([grads[m] for m in members], [shape[0]] * len(members))
                 for position, r in enumerate(members):
                     where = f"rank {r} (group rank {position} of {members})"
                     _assert_same(results[r]["out"], expected_out, f"{where}: gathered output")

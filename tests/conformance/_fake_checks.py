@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import unittest
+import warnings
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
 
 __all__ = [
+    "BOTH_ENTRY_POINTS",
     "CRASHING",
     "ENVIRONMENT_SKIP",
     "FAILING",
@@ -23,6 +25,8 @@ __all__ = [
     "NOT_SUPPORTED_ON_RANKS",
     "PASSING",
     "SIZE_TWO_ONLY",
+    "WARNING",
+    "WORLDLESS",
 ]
 
 
@@ -97,6 +101,28 @@ def _hanging(world: WorldLike, impl: Implementation) -> None:
     world.run(_rank_zero_waits_alone)
 
 
+def _warn_on_rank() -> int:
+    warnings.warn("advice from a rank", UserWarning, stacklevel=1)
+    return 0
+
+
+def _warning(world: WorldLike, impl: Implementation) -> None:
+    """The ranks and the parent each warn once per call; the check passes."""
+    warnings.warn("a deprecated entry point", DeprecationWarning, stacklevel=1)
+    world.run(_warn_on_rank)
+    world.run(_warn_on_rank)
+
+
+def _no_world(world: object, impl: Implementation) -> None:
+    """Needs no process group: gets no world."""
+    assert world is None, f"a world-less check got {world!r}"
+
+
+def _entry_point(world: WorldLike, impl: Implementation) -> None:
+    """Pinned to one DDP entry point of the bundled module."""
+    assert impl.ddp_api in ("parallelize_ddp", "DDPManager"), impl.ddp_api
+
+
 PASSING = Check("fake.passes", "core", "gather", _passing)
 FAILING = Check("fake.fails_under_hypothesis", "core", "gather", _failing, min_world=2)
 NOT_SUPPORTED = Check("fake.not_supported", "extended", "gather", _not_supported)
@@ -105,3 +131,6 @@ CRASHING = Check("fake.crashes", "core", "gather", _crashing)
 HANGING = Check("fake.hangs", "core", "gather", _hanging, min_world=2)
 ENVIRONMENT_SKIP = Check("fake.environment_skip", "core", "gather", _environment_skip)
 SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)
+WARNING = Check("fake.warns", "core", "gather", _warning)
+WORLDLESS = Check("fake.no_world", "core", "config", _no_world, needs_world=False)
+BOTH_ENTRY_POINTS = Check("fake.entry_point", "core", "ddp", _entry_point)

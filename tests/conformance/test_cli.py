@@ -57,6 +57,18 @@ def test_missing_extended_keyword_is_not_supported_and_only_strict_fails() -> No
     assert strict.returncode == 1, strict.stdout + strict.stderr
 
 
+def test_gather_fn_checks_a_bare_callable_and_names_the_likely_cause() -> None:
+    """--gather-fn alone checks a SimCLR-style GatherLayer: its tuple form detected, FAIL, and the likely cause."""
+    result = run_command(
+        "--gather-fn", "tests.forks.gallery_gather_layer_own_grad:GatherLayer", "--tier", "core",
+        "-k", "backward_sums", *QUICK,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "output form 'tuple', detected from its first call" in result.stdout
+    assert "gather.backward_sums_rank_slices  2      core  FAIL" in result.stdout
+    assert "Likely cause: no cross-rank sum (each rank keeps only its own loss's gradient)" in result.stdout
+
+
 def test_unimportable_module_is_a_usage_error_naming_it() -> None:
     """A --gather module that does not import exits 2 with the module and the reason on stderr."""
     result = run_command("--gather", "tests.forks.no_such_fork", *QUICK)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from nemo_dist.conformance._runner import is_not_supported
 from nemo_dist.testing import RankFailure
 
 
-def _verdict(check: str, outcome: str, tier: str = "core", size: int = 2, **kw: str) -> Verdict:
+def _verdict(check: str, outcome: str, tier: str = "core", size: int = 2, **kw: Any) -> Verdict:
     return Verdict(check, "gather", tier, size, outcome, 0.5, **kw)  # type: ignore[arg-type]
 
 
@@ -118,8 +119,9 @@ CHECKS = [
         (REFERENCE, "extended", None, ["g.ext", "c.ext"]),
         (Implementation(gather="m", ddp=None, config=None), "all", None, ["g.core", "g.ext"]),
         (REFERENCE, "all", "core", ["g.core", "d.core"]),
+        (REFERENCE, "all", "not core", ["g.ext", "c.ext"]),
     ],
-    ids=["all", "core", "extended", "gather-only", "select"],
+    ids=["all", "core", "extended", "gather-only", "select", "select-not"],
 )
 def test_select_checks_filters_by_tier_component_and_name(
     impl: Implementation, tier: str, select: str | None, names: list[str]
@@ -140,3 +142,59 @@ def test_not_supported_is_recognised_in_the_parent_or_on_every_failing_rank() ->
     assert is_not_supported(RankFailure({0: "rank 0 raised NotSupported: x", 1: "rank 1 raised NotSupported: x"}))
     assert not is_not_supported(RankFailure({0: "rank 0 raised NotSupported: x", 1: "rank 1 raised ValueError: y"}))
     assert not is_not_supported(AssertionError("x"))
+
+
+def test_hang_is_a_failure_with_its_own_label_and_every_line_of_its_stacks() -> None:
+    """A hang shows HANG (blocking like a failure), the hung step and its whole message, not ten lines of it."""
+    stacks = "\n".join(f"frame {i}" for i in range(20))
+    hang = _verdict("gather.group", "hang", tier="core", message=f"deadline 10 s\n{stacks}", example="Hung step: f()")
+    text = format_report(_report(hang))
+    assert "gather.group  2      core  HANG" in text
+    assert "--- gather.group (world size 2, core tier, HANG) ---" in text
+    assert "Hung step: f()" in text
+    assert "frame 19" in text
+    assert "0 passed, 0 failed, 1 hung" in text
+    assert _report(hang).exit_code() == 1
+
+
+def test_likely_cause_is_printed_under_the_failure_and_in_junit(tmp_path: Path) -> None:
+    """A failure's likely cause is one line right under its heading, and the first line of its JUnit text."""
+    failed = _verdict("gather.backward", "fail", message="AssertionError: x", cause="no cross-rank sum")
+    text = format_report(_report(failed))
+    heading = text.splitlines().index("--- gather.backward (world size 2, core tier) ---")
+    assert text.splitlines()[heading + 1] == "Likely cause: no cross-rank sum"
+    path = tmp_path / "report.xml"
+    write_junit_xml(_report(failed), path)
+    failure = ET.parse(path).getroot().find("testsuite/testcase/failure")
+    assert failure is not None
+    assert failure.text is not None
+    assert failure.text.startswith("Likely cause: no cross-rank sum")
+
+
+def test_checks_without_a_world_show_a_dash_and_reasons_are_grouped_per_check() -> None:
+    """World size 0 prints "-"; not-applicable rows of one check and reason are listed once with their sizes."""
+    report = _report(
+        _verdict("config.defaults", "pass", size=0),
+        *(_verdict("ddp.buckets", "not applicable", size=s, message="NotApplicable: no DDP object") for s in (1, 2)),
+    )
+    text = format_report(report)
+    assert "config.defaults  -      core  PASS" in text
+    assert "  ddp.buckets (w1, w2): no DDP object" in text
+    assert "2 not applicable" in text.splitlines()[-1]
+
+
+def test_warnings_are_listed_once_under_the_table_with_where_they_came_from() -> None:
+    """Each distinct warning raised inside the checks is one note naming its first check and how many more."""
+    warned = ("DeprecationWarning: DDPManager is deprecated",)
+    report = _report(*(_verdict(f"ddp.c{i}", "pass", warnings=warned) for i in range(3)))
+    text = format_report(report)
+    assert "Warnings raised inside the checks (notes, not failures)" in text
+    assert "  DeprecationWarning: DDPManager is deprecated [ddp.c0 w2 and 2 more]" in text
+    assert report.exit_code(strict=True) == 0
+
+
+def test_extended_failures_are_counted_apart_in_the_summary() -> None:
+    """The summary says how many failures are extended, so a CONFORMS line with failures reads right."""
+    text = format_report(_report(_verdict("x", "fail", tier="extended"), _verdict("y", "pass")))
+    assert text.splitlines()[-1].startswith("1 passed, 1 failed (1 extended) in ")
+    assert "CONFORMS (exit 0)" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Report, run_checks
+from nemo_dist.conformance._deadline import Deadlines
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
@@ -71,6 +72,7 @@ def test_a_crashed_rank_fails_its_check_and_the_next_check_gets_a_healthy_world(
     """The dying rank is named with its exit code; the check after it passes in the replaced world."""
     (verdict,) = [v for v in report.verdicts if v.check == "fake.crashes" and v.world_size == 2]
     assert "rank 1 died: exit code 3" in verdict.message
+    assert verdict.example.startswith("Failing step (reported as it is, not shrunk: it left ranks stuck or dead)")
     assert _outcomes(report, 2)["fake.size_two_only"] == "pass"
 
 
@@ -107,3 +109,36 @@ def test_skip_test_from_a_check_is_skipped_not_failed(world_factory: WorldFactor
     (verdict,) = report.verdicts
     assert (verdict.outcome, verdict.message) == ("skipped", "needs a process outside any world")
     assert report.exit_code(strict=True) == 0
+
+
+def test_world_less_checks_run_once_and_ddp_checks_once_per_entry_point(world_factory: WorldFactory) -> None:
+    """A check needing no process group runs once (world size 0); a ddp check once per entry point, per size."""
+    report = run_checks([fake.WORLDLESS, fake.BOTH_ENTRY_POINTS], REFERENCE, (1, 2), worlds=world_factory)
+    assert [(v.check, v.world_size, v.outcome) for v in report.verdicts] == [
+        ("fake.no_world", 0, "pass"),
+        ("fake.entry_point[parallelize_ddp]", 1, "pass"),
+        ("fake.entry_point[DDPManager]", 1, "pass"),
+        ("fake.entry_point[parallelize_ddp]", 2, "pass"),
+        ("fake.entry_point[DDPManager]", 2, "pass"),
+    ]
+
+
+def test_warnings_inside_a_check_are_recorded_once_and_never_fail_it(world_factory: WorldFactory) -> None:
+    """Warnings raised by the parent or re-emitted from the ranks are in the verdict once each; the check passes."""
+    (verdict,) = run_checks([fake.WARNING], REFERENCE, (2,), worlds=world_factory).verdicts
+    assert verdict.outcome == "pass"
+    assert verdict.warnings == ("DeprecationWarning: a deprecated entry point", "UserWarning: advice from a rank")
+
+
+def test_step_deadline_is_ten_times_the_slowest_passing_step_within_floor_and_cap() -> None:
+    """The deadline starts at the floor, follows 10 x the slowest passing step, and never passes the cap."""
+    deadlines = Deadlines(cap_s=120)
+    assert deadlines.current() == 10
+    deadlines.passed(0.5)
+    assert deadlines.current() == 10
+    deadlines.passed(3.0)
+    deadlines.passed(1.0)
+    assert deadlines.current() == 30
+    deadlines.passed(60.0)
+    assert deadlines.current() == 120
+    assert Deadlines(cap_s=4).current() == 4

@@ -11,7 +11,8 @@ from tests.conformance._cli import run_torchrun
 
 def test_reference_passes_in_a_torchrun_world_and_rank_zero_prints_once() -> None:
     """Against the bundled modules the core tier passes in 3 torchrun ranks and the table appears once."""
-    result = run_torchrun(3, "--max-examples", "3", "--tier", "core", "-q")
+    # The real-transformers checks run in spawned worlds elsewhere; here the torchrun plumbing is the subject.
+    result = run_torchrun(3, "--max-examples", "3", "--tier", "core", "-k", "not real_models", "-q")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("nemo_dist conformance:") == 1
     assert "torchrun world of 3 ranks" in result.stdout

@@ -1,5 +1,7 @@
 """Independent DDP fork (test fixture): ``DDPManager`` written from SPEC section 2, no nemo_dist code.
 
+Layer groups its own way too, including the one rule beyond the SPEC that
+nemo_dist documents (a speech encoder-decoder's encoder is the audio group).
 Checkpointing its own way: each selected block is replaced by a small wrapper
 module that runs the block through ``torch.utils.checkpoint.checkpoint``
 (non-reentrant), with a selective context saving matmul outputs for
@@ -71,7 +73,20 @@ def _attr(module: nn.Module, *path: str) -> nn.Module | None:
 
 def _groups(model: nn.Module) -> dict[str, nn.ModuleList]:
     groups: dict[str, nn.ModuleList] = {}
-    for path in (("model", "layers"), ("layers",), ("language_model", "layers"), ("language_model", "model", "layers")):
+    encoder, decoder = _attr(model, "model", "encoder", "layers"), _attr(model, "model", "decoder", "layers")
+    if getattr(getattr(model, "config", None), "num_mel_bins", None) and isinstance(encoder, nn.ModuleList):
+        # A speech encoder-decoder (Whisper): the encoder hears, the decoder writes.
+        groups["audio"] = encoder
+        if isinstance(decoder, nn.ModuleList):
+            groups["language"] = decoder
+        return groups
+    for path in (
+        ("model", "layers"),
+        ("layers",),
+        ("model", "language_model", "layers"),
+        ("language_model", "layers"),
+        ("language_model", "model", "layers"),
+    ):
         found = _attr(model, *path)
         if isinstance(found, nn.ModuleList):
             groups["language"] = found

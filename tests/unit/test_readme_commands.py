@@ -23,10 +23,13 @@ def test_readme_main_command_runs_the_conformance_suite() -> None:
 
 
 def test_readme_test_command_runs_pytest_and_ci_reads_it() -> None:
-    """The test command runs pytest, and .ci/run executes exactly that README block."""
+    """The test command runs pytest with the upstream targets installed, and .ci/run executes exactly that block."""
     command = _block("test-command")
     assert "torch==2.13.0" in command
+    assert "models]" in command  # transformers, for the real-architecture tests
+    assert "--no-deps nemo-automodel==0.7.0" in command  # upstream itself, for the upstream-marked test
     assert "-m pytest" in command
+    assert "upstream" not in command.split("-m pytest", 1)[1]  # no marker filter: CI runs the upstream test too
     ci = (ROOT / ".ci" / "run").read_text()
     assert "test-command" in ci
     assert "README.md" in ci
