@@ -18,8 +18,11 @@ QUICK = ("--world-sizes", "2", "--max-examples", "3", "-q")
 
 
 def test_reference_passes_core_and_prints_the_table() -> None:
-    """Against the bundled modules the core tier passes: exit 0 and a table of PASS rows."""
-    result = run_command("--tier", "core", *QUICK)
+    """Against the bundled modules the core tier passes: exit 0 and a table of PASS rows.
+
+    The real-transformers checks are left out with -k (their own tests run them in persistent worlds).
+    """
+    result = run_command("--tier", "core", "-k", "not real_models", *QUICK)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "check" in result.stdout
     assert "gather.forward_matches_cat" in result.stdout
