@@ -144,54 +144,55 @@ def _upstream_grads(
 
 
 # --------------------------------------------------------------- core tier
-@check("gather.forward_matches_cat", tier="core", component="gather")
-def forward_matches_cat(world: WorldLike, impl: Implementation) -> None:
-    """all_gather_with_grad returns cat of every rank's input in rank order, bit-exact, dtype kept."""
+def _forward_property(world: WorldLike, impl: Implementation, *, no_grad: bool) -> None:
+    """Forward = cat of every rank's input, bit-exact, input intact; ``requires_grad`` as each variant promises.
 
+    With grad: float dtypes with any bit pattern, output ``requires_grad``
+    following the input's. Without: every dtype (ints, bool), and in a world
+    of 2+ ranks an output outside autograd (upstream returns ``x`` itself in a
+    world of one, so there its ``requires_grad`` is ``x``'s: extended tier).
+    """
     last = _LastFailure()
+    what = "no-grad gathered output" if no_grad else "gathered output"
+    gather = "the no-grad gather" if no_grad else "the gather"
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        _, dtype, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes(), values="bits")
-        requires_grad = data.draw(st.booleans(), label="requires_grad")
+        if no_grad:
+            _, dtype, layout, inputs = _laid_out_inputs(data, world, ds.all_dtypes())
+            requires_grad = dtype.is_floating_point and data.draw(st.booleans(), label="requires_grad")
+        else:
+            _, dtype, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes(), values="bits")
+            requires_grad = data.draw(st.booleans(), label="requires_grad")
         outputs: list[Any] = []
-        with last.record(dtype=dtype, layout=layout, inputs=inputs, no_grad=False, outputs=outputs):
-            results = world.run(ranks.forward, impl, inputs, layout, no_grad=False, requires_grad=requires_grad)
+        with last.record(dtype=dtype, layout=layout, inputs=inputs, no_grad=no_grad, outputs=outputs):
+            results = world.run(ranks.forward, impl, inputs, layout, no_grad=no_grad, requires_grad=requires_grad)
             outputs.extend(result["out"] for result in results)
             expected = torch.cat(inputs)
             for r, result in enumerate(results):
-                _assert_same(result["out"], expected, f"rank {r}: gathered output")
-                assert result["input_intact"], f"rank {r}: the gather modified the caller's input in place"
-                assert result["requires_grad"] == requires_grad, (
-                    f"rank {r}: output requires_grad is {result['requires_grad']} for an input with "
-                    f"requires_grad={requires_grad}"
-                )
+                _assert_same(result["out"], expected, f"rank {r}: {what}")
+                assert result["input_intact"], f"rank {r}: {gather} modified the caller's input in place"
+                if not no_grad:
+                    assert result["requires_grad"] == requires_grad, (
+                        f"rank {r}: output requires_grad is {result['requires_grad']} for an input with "
+                        f"requires_grad={requires_grad}"
+                    )
+                elif world.size > 1:
+                    assert not result["requires_grad"], f"rank {r}: the no-grad gather's output requires grad"
 
     _diagnosed(prop, last, lambda example: diagnosis.forward_cause(world, impl, example))
+
+
+@check("gather.forward_matches_cat", tier="core", component="gather")
+def forward_matches_cat(world: WorldLike, impl: Implementation) -> None:
+    """all_gather_with_grad returns cat of every rank's input in rank order, bit-exact, dtype kept."""
+    _forward_property(world, impl, no_grad=False)
 
 
 @check("gather.no_grad_matches_cat_without_grad", tier="core", component="gather")
 def no_grad_matches_cat_without_grad(world: WorldLike, impl: Implementation) -> None:
     """The no-grad gather returns the same cat for every dtype (ints, bool); with 2+ ranks it needs no grad."""
-    last = _LastFailure()
-
-    @given(data=st.data())
-    def prop(data: st.DataObject) -> None:
-        _, dtype, layout, inputs = _laid_out_inputs(data, world, ds.all_dtypes())
-        requires_grad = dtype.is_floating_point and data.draw(st.booleans(), label="requires_grad")
-        outputs: list[Any] = []
-        with last.record(dtype=dtype, layout=layout, inputs=inputs, no_grad=True, outputs=outputs):
-            results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=requires_grad)
-            outputs.extend(result["out"] for result in results)
-            expected = torch.cat(inputs)
-            for r, result in enumerate(results):
-                _assert_same(result["out"], expected, f"rank {r}: no-grad gathered output")
-                # Upstream returns x itself in a world of one: requires_grad is then x's (extended tier).
-                if world.size > 1:
-                    assert not result["requires_grad"], f"rank {r}: the no-grad gather's output requires grad"
-                assert result["input_intact"], f"rank {r}: the no-grad gather modified the caller's input in place"
-
-    _diagnosed(prop, last, lambda example: diagnosis.forward_cause(world, impl, example))
+    _forward_property(world, impl, no_grad=True)
 
 
 def _check_backward(

@@ -12,17 +12,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.forks.gallery_gather_layer_summed import GatherLayer as _SummedGatherLayer
+
 __all__ = ["GatherLayer"]
 
 
-class GatherLayer(torch.autograd.Function):
-    """All-gather into a tuple of W tensors; backward returns W times the summed gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        parts = [torch.zeros_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
-        return tuple(parts)
+class GatherLayer(_SummedGatherLayer):
+    """All-gather into a tuple of W tensors (as the summed layer); backward scales the sum by the world size."""
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
