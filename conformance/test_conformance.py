@@ -5,11 +5,13 @@ Layer 2: gloo worlds of the ``--dist-world-sizes`` (NCCL with
 this process. A check the implementation does not support, or that does not
 apply to what it did, is skipped with the reason; a failure shows
 hypothesis's shrunk example and the likely cause; a step past its adaptive
-deadline fails as a hang at once.
+deadline fails as a hang at once. Warnings raised inside a check are listed
+in pytest's warnings summary, never failures (a fork's DeprecationWarning, say).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -37,7 +39,10 @@ def test_check_holds(
     world: Any = None
     if size:
         world = DeadlineWorld(world_factory(size, pytestconfig.getoption("--conformance-backend")), deadlines)
-    with hypothesis_settings(pytestconfig.getoption("--conformance-max-examples"), database=True):
+    # As in the command, warnings the implementation raises are notes (pytest's warnings summary), not failures.
+    max_examples = pytestconfig.getoption("--conformance-max-examples")
+    with warnings.catch_warnings(), hypothesis_settings(max_examples, database=True):
+        warnings.simplefilter("default")
         try:
             check(world, impl)
         except NotApplicable as exc:

@@ -35,3 +35,15 @@ def test_unimportable_module_is_a_pytest_usage_error() -> None:
     result = _pytest_conformance("--conformance-ddp", "tests.forks.no_such_fork")
     assert result.returncode == 4, result.stdout + result.stderr
     assert "--conformance-ddp module 'tests.forks.no_such_fork' does not import" in result.stderr
+
+
+def test_a_forks_deprecation_warning_is_a_summary_note_not_a_failure() -> None:
+    """The upstream-faithful DDPManager warns that it is deprecated: the tests pass and the warning is listed."""
+    result = _pytest_conformance(
+        "--conformance-ddp", "tests.forks.upstream_faithful_ddp",
+        "--conformance-config", "tests.forks.upstream_faithful_config",
+        "-k", "manager_attributes",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+    assert "DeprecationWarning: DDPManager is deprecated" in result.stdout
