@@ -1,11 +1,16 @@
-"""Conformance suite: does an implementation (the bundled one or a fork) keep the contract?
+"""Conformance suite: does an implementation (the bundled one, a fork, upstream, any all-gather) keep the contract?
 
 ``run_conformance(Implementation(gather="my.fork.dist_utils"))`` runs every
 registered check of the named components in gloo worlds and returns a
-:class:`Report` (verdict per check and world size). The command
-``nemo-dist-conformance`` (``python -m nemo_dist.conformance``) wraps it, and
-also runs inside a torchrun world. The checks live in ``gather_checks``,
-``ddp_checks`` and ``config_checks`` and register themselves in :data:`CHECKS`.
+:class:`Report` (verdict per check and world size; checks that need no
+process group run once, ddp checks once per entry point). An
+``Implementation`` names modules, or one all-gather callable
+(``gather_fn="module:name"``). The core tier is upstream's contract
+(nemo-automodel 0.7.0); the extended tier is what nemo_dist promises beyond
+it. The command ``nemo-dist-conformance`` (``python -m nemo_dist.conformance``)
+wraps it, and also runs inside a torchrun world. The checks live in
+``gather_checks``, ``ddp_checks``, ``model_checks`` and ``config_checks`` and
+register themselves in :data:`CHECKS`.
 """
 
 from __future__ import annotations

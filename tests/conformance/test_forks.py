@@ -27,6 +27,7 @@ LIKELY_CAUSES = {
     "broken_gather_forward_drops_last_rank": "rank 1's rows missing from the output",
     "broken_gather_wrong_order": "rank order reversed",
     "broken_gather_no_cross_rank_sum": "no cross-rank sum",
+    "broken_gather_gathers_in_float32": "dtype changed",
 }
 CORRECT = [f for f in FORKS if not f.startswith("broken_")]
 
