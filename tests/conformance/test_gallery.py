@@ -93,8 +93,8 @@ def test_global_rank_in_a_subgroup_is_named_as_the_cause(world_factory: WorldFac
 
 def test_a_fork_hanging_in_the_subgroup_check_gets_hang_and_the_rest_stands(world_factory: WorldFactory) -> None:
     """The guard written with the global rank hangs the subgroup check: HANG there, every other verdict as before."""
-    # A 6 s cap keeps the hang short here; the command's floor is 10 s.
-    report, table = _run("tests.forks.gallery_subgroup_guard_hangs:GroupGather", world_factory, "all", timeout=6)
+    # A 4 s cap keeps the hang short here (healthy steps take milliseconds); the command's floor is 10 s.
+    report, table = _run("tests.forks.gallery_subgroup_guard_hangs:GroupGather", world_factory, "all", timeout=4)
     hung = [v for v in report.verdicts if v.outcome == "hang"]
     assert [(v.check, v.world_size) for v in hung] == [("gather.group_uses_group_ranks", 3)], table
     assert "did not finish" in hung[0].message, table

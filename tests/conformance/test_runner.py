@@ -90,10 +90,10 @@ def test_core_failure_makes_the_exit_code_one(report: Report) -> None:
 def test_a_hung_check_is_a_hang_verdict_with_the_stacks_and_the_next_check_runs() -> None:
     """A check whose ranks hang gets HANG with the hung call and each rank's stack; the next check runs."""
     with World(2, timeout=5.0) as world:
-        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), timeout=5.0, worlds=lambda size: world)
+        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), timeout=3.0, worlds=lambda size: world)
     hung, after = report.verdicts
     assert hung.outcome == "hang"
-    assert hung.message.startswith("deadline 5 s: 10 x the slowest passing step so far")
+    assert hung.message.startswith("deadline 3 s: 10 x the slowest passing step so far")
     assert "rank 0 of 2 did not finish" in hung.message
     assert "in barrier" in hung.message
     assert hung.example == "Hung step: tests.conformance._fake_checks._rank_zero_waits_alone()"

@@ -28,31 +28,30 @@ FAITHFUL = Implementation(
     config="tests.forks.upstream_faithful_config",
 )
 
-#: What upstream does not promise, as (check, world size) failures of the extended tier in worlds of 1 and 2.
+#: What upstream does not promise, as (check, world size) failures of the extended tier in a world of 1
+#: (where upstream differs most; the larger worlds are the upstream test's and test_forks.py's).
 EXTENDED_FINDINGS = {
     ("gather.uninitialised_no_grad_never_requires_grad", 0),  # all_gather_no_grad returns x itself
     ("config.rejects_bad_values_naming_field", 0),  # a plain dataclass: only the scope is validated
     ("gather.no_grad_never_requires_grad", 1),  # x itself in a world of one
     ("gather.zero_dim_raises_on_every_rank", 1),
-    ("gather.zero_dim_raises_on_every_rank", 2),
     ("ddp.world_of_one_wrapped_in_ddp[parallelize_ddp]", 1),  # the model comes back unwrapped
     ("ddp.world_of_one_wrapped_in_ddp[DDPManager]", 1),
-    *((f"ddp.autocast_dtype[{api}]", size) for api in ("parallelize_ddp", "DDPManager") for size in (1, 2)),
+    ("ddp.autocast_dtype[parallelize_ddp]", 1),  # the field exists; nothing applies it
+    ("ddp.autocast_dtype[DDPManager]", 1),
 }
 if not TRANSFORMERS_MISSING:  # Whisper's encoder is the audio group only beyond upstream
     EXTENDED_FINDINGS |= {
-        (f"ddp.checkpointing_real_models_beyond_upstream[{api}]", size)
-        for api in ("parallelize_ddp", "DDPManager")
-        for size in (1, 2)
+        (f"ddp.checkpointing_real_models_beyond_upstream[{api}]", 1) for api in ("parallelize_ddp", "DDPManager")
     }
 
 
 def test_upstream_faithful_fork_conforms_and_reports_upstreams_extended_findings(
     world_factory: WorldFactory,
 ) -> None:
-    """The fork passes every core check in worlds of 1 and 2; its failures are exactly upstream's extended findings."""
+    """The fork passes every core check in a world of 1; its failures are exactly upstream's extended findings."""
     checks = select_checks(load_checks().values(), FAITHFUL, "all")
-    report = run_checks(checks, FAITHFUL, (1, 2), max_examples=3, worlds=world_factory)
+    report = run_checks(checks, FAITHFUL, (1,), max_examples=3, worlds=world_factory)
     table = format_report(report)
     assert report.exit_code() == 0, table
     assert {(v.check, v.world_size) for v in report.verdicts if v.failed} == EXTENDED_FINDINGS, table
