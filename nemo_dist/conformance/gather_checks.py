@@ -49,6 +49,7 @@ __all__ = [
     "autograd_function_returns_rank_tuple",
     "backward_handles_sum_repeated_and_partial_losses",
     "backward_sums_rank_slices",
+    "backward_with_non_contiguous_gradients",
     "float_grads_within_tolerance",
     "forward_matches_cat",
     "group_uses_group_ranks",
@@ -201,8 +202,26 @@ def _check_backward(
     shape, dtype, layout, inputs = _laid_out_inputs(data, world, ds.float_dtypes())
     out_shape, grads, grad_layout = _upstream_grads(data, world, shape, dtype)
     prefix = data.draw(st.integers(0, out_shape[0]), label="prefix") if loss == "prefix" else 0
+    _assert_backward(world, impl, last, shape, dtype, layout, inputs, grads, grad_layout, loss, prefix)
+
+
+def _assert_backward(
+    world: WorldLike,
+    impl: Implementation,
+    last: _LastFailure,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    layout: str,
+    inputs: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    grad_layout: str,
+    loss: str,
+    prefix: int = 0,
+) -> None:
+    """Run one backward example on every rank; assert the gradient rule bit for bit (recorded for the diagnosis)."""
     example = {"shape": shape, "dtype": dtype, "layout": layout, "inputs": inputs, "grads": grads,
                "grad_layout": grad_layout, "loss": loss, "prefix": prefix}
+    out_shape = (world.size * shape[0], *shape[1:])
     with last.record(**example):
         results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
         expected = expected_grads(upstream_for_loss(grads, loss, prefix, out_shape, dtype), [shape[0]] * world.size)
@@ -235,6 +254,31 @@ def backward_sums_rank_slices(world: WorldLike, impl: Implementation) -> None:
 def backward_handles_sum_repeated_and_partial_losses(world: WorldLike, impl: Implementation) -> None:
     """The gradient rule holds for out.sum(), an output used twice and a loss on some rows only."""
     _backward_property(world, impl, ["sum", "twice", "prefix"])
+
+
+@check("gather.backward_with_non_contiguous_gradients", tier="core", component="gather")
+def backward_with_non_contiguous_gradients(world: WorldLike, impl: Implementation) -> None:
+    """An upstream gradient stored transposed, strided or channels-last gives the same gradient rule, exactly.
+
+    Every example has rows and trailing dims of 2 or more, so the layout
+    really changes the memory order (the other backward checks draw
+    contiguous layouts too, and shapes where a layout changes nothing).
+    """
+    last = _LastFailure()
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        trailing = data.draw(st.lists(st.integers(2, 3), min_size=1, max_size=3), label="trailing dims")
+        shape = (data.draw(st.integers(1, 3), label="rows"), *trailing)
+        dtype = data.draw(ds.float_dtypes(), label="dtype")
+        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        out_shape = (world.size * shape[0], *shape[1:])
+        grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
+        laid_out = [name for name in ds.LAYOUTS if name != "contiguous" and ds.applies(name, out_shape)]
+        grad_layout = data.draw(st.sampled_from(laid_out), label="grad_layout")
+        _assert_backward(world, impl, last, shape, dtype, "contiguous", inputs, grads, grad_layout, "direct")
+
+    _diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
 
 
 def _tolerance(upstream: Sequence[torch.Tensor], rows: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:

@@ -25,6 +25,7 @@ __all__ = [
     "LAYOUTS",
     "Values",
     "all_dtypes",
+    "applies",
     "apply_layout",
     "ddp_configs",
     "float_dtypes",
@@ -82,7 +83,11 @@ def all_dtypes() -> st.SearchStrategy[torch.dtype]:
     return st.sampled_from(ALL_DTYPES)
 
 
-def _applicable(layout: str, shape: Sequence[int]) -> bool:
+def applies(layout: str, shape: Sequence[int]) -> bool:
+    """Whether ``layout`` (one of :data:`LAYOUTS`) applies to a tensor of ``shape``.
+
+    "transposed" needs 2+ dims and "channels_last" exactly 4; the others apply to any shape.
+    """
     if layout == "transposed":
         return len(shape) >= 2
     if layout == "channels_last":
@@ -95,7 +100,7 @@ def layouts(shape: Sequence[int]) -> st.SearchStrategy[str]:
 
     "transposed" needs 2+ dims and "channels_last" exactly 4.
     """
-    return st.sampled_from([name for name in LAYOUTS if _applicable(name, shape)])
+    return st.sampled_from([name for name in LAYOUTS if applies(name, shape)])
 
 
 def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
@@ -110,10 +115,10 @@ def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
     does not require grad; call ``requires_grad_()`` on it to make a leaf.
     """
     tensor = tensor.detach()
-    if not _applicable(layout, tensor.shape):
+    if not applies(layout, tensor.shape):
         raise ValueError(
             f"layout {layout!r} does not apply to a {tensor.dim()}-d tensor; "
-            f"choose one of {[n for n in LAYOUTS if _applicable(n, tensor.shape)]}"
+            f"choose one of {[n for n in LAYOUTS if applies(n, tensor.shape)]}"
         )
     if layout == "contiguous":
         return tensor.contiguous().clone()
