@@ -44,6 +44,7 @@ __all__ = [
     "static_graph_training",
     "train_config",
     "unused_parameter",
+    "warm_up_ddp",
 ]
 
 #: The seven config fields the manager mirrors as attributes (plus autocast_dtype in the config).
@@ -609,3 +610,16 @@ def train_config(
         _square_loss(out).backward()
         _sgd_step(reference, 0.1)
     return {"params": params, "reference": _params(reference)}
+
+
+def warm_up_ddp() -> None:
+    """Build one tiny DDP on this rank's device and train it a step.
+
+    torch's first DDP in a process imports several hundred modules (about a
+    second); a world started with this as its ``setup`` pays that while it
+    starts, in the background when started with ``wait=False``.
+    """
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    wrapped = DistributedDataParallel(nn.Linear(2, 2).to(device), device_ids=[device] if nccl else None)
+    wrapped(torch.ones(1, 2, device=device)).sum().backward()

@@ -377,8 +377,10 @@ def run_checks(
     """Run ``checks`` (already selected): the world-less ones once, the others in a world of each size.
 
     Each size gets one world, reused by all its checks and closed afterwards:
-    a ``nemo_dist.testing.World(size, backend, timeout)``, or ``worlds(size)``
-    when given (the caller then owns and closes it). Steps of a World run
+    a ``nemo_dist.testing.World(size, backend, timeout)`` (the next size's
+    ranks start in the background while this size's checks run, building
+    their first DDP there when ddp checks are selected), or
+    ``worlds(size)`` when given (the caller then owns and closes it). Steps of a World run
     under adaptive deadlines capped by ``timeout`` (see
     :mod:`~nemo_dist.conformance._deadline`). Hypothesis runs with
     ``max_examples`` and no database (see :func:`hypothesis_settings`).
@@ -390,16 +392,25 @@ def run_checks(
     verdicts: list[Verdict] = []
     notes: list[str] = []
     deadlines = Deadlines(timeout)
-    with hypothesis_settings(max_examples):
+    with hypothesis_settings(max_examples), contextlib.ExitStack() as owned:
         run_worldless(checks, impl, verdicts, on_verdict)
-        for size in world_sizes:
+        if worlds is None:
+            from nemo_dist.conformance._ddp_ranks import warm_up_ddp
+            from nemo_dist.testing import World
+
+            setup = warm_up_ddp if any(c.component == "ddp" and c.needs_world for c in checks) else None
+            made = [owned.enter_context(World(size, backend, timeout, setup=setup)) for size in world_sizes]
+        for index, size in enumerate(world_sizes):
             if worlds is not None:
                 run_checks_in(checks, worlds(size), impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
                 continue
-            from nemo_dist.testing import World
-
-            with World(size, backend, timeout) as world:
-                run_checks_in(checks, world, impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
+            upcoming = [w for w in made[index + 1 :] if any(c.applies_to(w.size) for c in checks)]
+            if upcoming:
+                # The next world's ranks import torch and join while this world's checks run.
+                with contextlib.suppress(Exception):  # a failed start is reported by that world's first check
+                    upcoming[0].start(wait=False)
+            run_checks_in(checks, made[index], impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
+            made[index].close()
     return Report(
         tuple(verdicts),
         impl,

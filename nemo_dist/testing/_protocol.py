@@ -30,6 +30,8 @@ class Init:
     sys_path: list[str]
     parent_pid: int
     stack_file: str
+    #: Pickled ``(fn, args, kwargs)`` every rank runs once after joining, before it reports ready; or None.
+    setup: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     _set_path(init.sys_path)
     try:
         _join(init)
+        if init.setup is not None:
+            fn, args, kwargs = pickle.loads(init.setup)
+            fn(*args, **kwargs)
     except BaseException as exc:
         conn.send(_raised(-1, init.rank, exc))
         return 1

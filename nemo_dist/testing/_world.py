@@ -154,6 +154,10 @@ class World:
     on CPU, "nccl" with one GPU per rank). ``timeout`` is the default deadline
     of one :meth:`run` in seconds. ``grace`` is how long the other ranks get to
     answer once one rank failed. ``startup_timeout`` bounds starting the ranks.
+    ``setup`` (a module-level function, no arguments) runs once on every rank
+    after it joined the group and before it reports ready, at every start:
+    warm-up work (first imports, a first DDP) that a background
+    ``start(wait=False)`` then does while the caller goes on.
     Ranks start lazily on the first run and are replaced after a hang or a
     death, so every run gets healthy ranks. Use as a context manager or call
     :meth:`close` (an ``atexit`` hook closes forgotten Worlds).
@@ -172,6 +176,7 @@ class World:
         *,
         grace: float = 2.0,
         startup_timeout: float = 120.0,
+        setup: Callable[[], Any] | None = None,
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"World size must be an int >= 1, got {size!r}")
@@ -184,6 +189,7 @@ class World:
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"World {label} must be a number of seconds > 0, got {value!r}")
+        self._setup = None if setup is None else _pickle_call(setup, (), {})
         self._size = size
         self._backend = backend
         self._timeout = float(timeout)
@@ -193,6 +199,7 @@ class World:
         # parent reports first.
         self._pg_timeout = max(2 * self._timeout, self._timeout + 60.0, self._startup_timeout)
         self._ranks: list[_Rank] = []
+        self._ready = False
         self._store: Any = None
         self._tmpdir: Path | None = None
         self._sent_path: list[str] = []
@@ -232,14 +239,20 @@ class World:
         """Private directory of the ranks' stderr and stack files, if started."""
         return self._tmpdir
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
         """Start the ranks now if they are not running (run does it lazily).
 
-        Raises RankFailure or WorldTimeout if a rank cannot join the group.
+        With ``wait=False`` the rank processes are launched and this returns at
+        once: they join the group in the background (imports included) while
+        the caller goes on, and the next :meth:`start` or :meth:`run` waits
+        for them. Raises RankFailure or WorldTimeout if a rank cannot join the
+        group (at the wait).
         """
         self._check_open()
         if not self._ranks:
-            self._start()
+            self._start(wait=wait)
+        elif wait and not self._ready:
+            self._finish_start()
 
     def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
@@ -263,8 +276,7 @@ class World:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
         self._check_open()
         blob = _pickle_call(fn, args, kwargs)
-        if not self._ranks:
-            self._start()
+        self.start()
         return self._call(blob, float(deadline_s), _describe(fn))
 
     def close(self) -> None:
@@ -294,7 +306,7 @@ class World:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed; create a new World")
 
-    def _start(self) -> None:
+    def _start(self, *, wait: bool = True) -> None:
         import torch.distributed as dist
 
         self._tmpdir = Path(tempfile.mkdtemp(prefix=f"nemo_dist_world{self._size}_"))
@@ -308,13 +320,24 @@ class World:
         )
         port = int(self._store.port)
         self._sent_path = list(sys.path)
+        self._ready = False
         try:
             for rank in range(self._size):
                 self._ranks.append(self._spawn(rank, port))
+        except BaseException:
+            self._shutdown(graceful=False)
+            raise
+        if wait:
+            self._finish_start()
+
+    def _finish_start(self) -> None:
+        """Wait until every launched rank joined the group (or fail, leaving no process behind)."""
+        try:
             self._await_ready()
         except BaseException:
             self._shutdown(graceful=False)
             raise
+        self._ready = True
 
     def _spawn(self, rank: int, port: int) -> _Rank:
         assert self._tmpdir is not None
@@ -362,6 +385,7 @@ class World:
                 sys_path=self._sent_path,
                 parent_pid=os.getpid(),
                 stack_file=str(stack_path),
+                setup=self._setup,
             )
         )
         return handle
@@ -377,6 +401,7 @@ class World:
 
     def _shutdown(self, graceful: bool) -> None:
         ranks, self._ranks = self._ranks, []
+        self._ready = False
         if graceful:
             for r in ranks:
                 with contextlib.suppress(OSError):

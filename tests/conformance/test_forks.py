@@ -48,7 +48,7 @@ def _run(fork: str, world_factory: WorldFactory) -> tuple[Report, str]:
     selected = select_checks(load_checks().values(), impl, "all", None, (component,))
     checks = [c for c in selected if "real_models" not in c.name]
     report = run_checks(
-        checks, impl, (2,), max_examples=10, worlds=world_factory,
+        checks, impl, (2,), max_examples=5, worlds=world_factory,
         components=(component,),
     )
     return report, format_report(report)

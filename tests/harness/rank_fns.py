@@ -114,3 +114,26 @@ def warn_on(ranks: list[int]) -> int:
     if rank in ranks:
         warnings.warn("planted warning from a rank", PlantedWarning, stacklevel=1)
     return rank
+
+
+_SET_UP: list[int] = []
+
+
+def remember_setup() -> None:
+    """A World ``setup``: record, in this rank process, that it ran (with the rank)."""
+    import torch.distributed as dist
+
+    _SET_UP.append(dist.get_rank())
+
+
+def setup_record() -> list[int]:
+    """What :func:`remember_setup` recorded in this rank process."""
+    return list(_SET_UP)
+
+
+def failing_setup() -> None:
+    """A World ``setup`` that fails on rank 1."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("setup cannot run here")
