@@ -256,9 +256,11 @@ def test_ranks_die_with_their_parent(tmp_path: Path) -> None:
     assert deadline_ok, f"rank processes {pids} outlived their parent"
 
 
-def test_setup_runs_once_on_every_rank_before_the_first_call() -> None:
-    """A setup function runs on each rank after it joined, before any call, once per start."""
+def test_setup_runs_once_per_rank_before_the_first_call_even_after_a_background_start() -> None:
+    """start(wait=False) launches the ranks and returns; setup has run on each rank, once, by the first call."""
     with World(2, setup=rank_fns.remember_setup) as world:
+        world.start(wait=False)
+        assert len(world.pids) == 2
         assert world.run(rank_fns.setup_record) == [[0], [1]]
         assert world.run(rank_fns.setup_record) == [[0], [1]]
 
@@ -270,10 +272,3 @@ def test_a_failing_setup_fails_the_start_naming_the_rank() -> None:
     assert "rank 1 raised RuntimeError: setup cannot run here" in str(info.value)
     assert world.pids == []
 
-
-def test_a_background_start_is_joined_by_the_next_run() -> None:
-    """start(wait=False) launches the ranks and returns; the next run waits for them and works."""
-    with World(3, setup=rank_fns.remember_setup) as world:
-        world.start(wait=False)
-        assert len(world.pids) == 3
-        assert world.run(rank_fns.setup_record) == [[0], [1], [2]]
