@@ -321,24 +321,23 @@ def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, na
     return verdict("pass")
 
 
-def _expand(checks: Sequence[Check], impl: Implementation) -> list[tuple[str, Check, Implementation]]:
-    """Every run of ``checks``: ``(name, check, implementation)``, ddp checks once per entry point."""
+def _expand(
+    checks: Sequence[Check], impl: Implementation, world_size: int = 0
+) -> tuple[list[tuple[str, Check, Implementation]], list[Verdict]]:
+    """Every run of ``checks`` as ``(name, check, implementation)`` (ddp checks once per entry point).
+
+    Also "not supported" verdicts (in a world of ``world_size``) for the ddp
+    checks whose entry points the module defines none of.
+    """
     runs: list[tuple[str, Check, Implementation]] = []
+    missing: list[Verdict] = []
     for c in checks:
-        runs.extend((name, c, variant) for name, variant in c.variants(impl))
-    return runs
-
-
-def _missing_api_verdicts(checks: Sequence[Check], impl: Implementation) -> list[Verdict]:
-    """"not supported" for ddp checks whose entry points the module defines none of."""
-    return [
-        Verdict(
-            c.name, c.component, c.tier, 0, "not supported",
-            0.0, f"{impl.ddp} defines none of {', '.join(c.ddp_apis)}",
-        )
-        for c in checks
-        if not c.variants(impl)
-    ]
+        variants = c.variants(impl)
+        runs.extend((name, c, variant) for name, variant in variants)
+        if not variants:
+            reason = f"{impl.ddp} defines none of {', '.join(c.ddp_apis)}"
+            missing.append(Verdict(c.name, c.component, c.tier, world_size, "not supported", 0.0, reason))
+    return runs, missing
 
 
 def run_worldless(
@@ -348,10 +347,10 @@ def run_worldless(
     on_verdict: Callable[[Verdict], None] | None = None,
 ) -> None:
     """Run, once each and in this process, the checks of ``checks`` that need no world."""
-    worldless = [c for c in checks if not c.needs_world]
-    for v in _missing_api_verdicts(worldless, impl):
+    runs, missing = _expand([c for c in checks if not c.needs_world], impl)
+    for v in missing:
         _record(v, verdicts, on_verdict)
-    for name, c, variant in _expand(worldless, impl):
+    for name, c, variant in runs:
         _record(run_check(c, None, variant, name=name), verdicts, on_verdict)
 
 
@@ -458,10 +457,9 @@ def run_checks_in(
     is its own) and warmed up (the implementation imported on every rank);
     with ``deadlines`` its steps run under them.
     """
-    in_worlds = [c for c in checks if c.needs_world]
-    for v in _missing_api_verdicts(in_worlds, impl):
-        _record(dataclasses.replace(v, world_size=world.size), verdicts, on_verdict)
-    runs = _expand(in_worlds, impl)
+    runs, missing = _expand([c for c in checks if c.needs_world], impl, world.size)
+    for v in missing:
+        _record(v, verdicts, on_verdict)
     target: WorldLike = world
     if any(c.applies_to(world.size) for _, c, _ in runs):
         start = getattr(world, "start", None)

@@ -307,6 +307,15 @@ def static_graph(world: WorldLike, impl: Implementation) -> None:
         _assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
 
 
+def _checkpoint_role(mode: bool | str, trainable: bool, group: str, scope: str) -> tuple[bool, str]:
+    """Whether checkpointing in ``mode`` with ``scope`` selects a block of ``group``, and how failures name it."""
+    if mode and trainable and group in EXPECTED_GROUPS[scope]:
+        return True, "a selected trainable block"
+    if not mode:
+        return False, "a block, with checkpointing off"
+    return False, "a frozen block" if not trainable else "an unselected block"
+
+
 def _check_recompute(
     world: WorldLike, impl: Implementation, mode: bool | str, scopes: tuple[str, ...] = CHECKPOINT_SCOPES
 ) -> None:
@@ -314,21 +323,11 @@ def _check_recompute(
     results = world.run(ranks.checkpoint_recompute, impl, mode, list(scopes), global_x)
     for rank, got in enumerate(results):
         for scope in scopes:
-            groups = EXPECTED_GROUPS[scope]
             run = got["scopes"][repr(scope)]
             for block, (attn, mlp) in run["recomputed"].items():
-                selected = bool(mode) and got["trainable"][block] and block.split(".")[0] in groups
+                selected, what = _checkpoint_role(mode, got["trainable"][block], block.split(".")[0], scope)
                 ran_again = attn > 0 and mlp > 0
                 ran_never = attn == 0 and mlp == 0
-                what = (
-                    "a selected trainable block"
-                    if selected
-                    else (
-                        "a block, with checkpointing off" if not mode
-                        else "a frozen block" if not got["trainable"][block]
-                        else "an unselected block"
-                    )
-                )
                 assert ran_again if selected else ran_never, (
                     f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: {block} ({what}) ran "
                     f"attn {attn}x and mlp {mlp}x during backward; expected "

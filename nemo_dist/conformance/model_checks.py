@@ -39,7 +39,7 @@ from nemo_dist.conformance import _model_ranks as ranks
 from nemo_dist.conformance._deadline import warm
 from nemo_dist.conformance._impl import Implementation
 from nemo_dist.conformance._registry import WorldLike, check
-from nemo_dist.conformance.ddp_checks import EXPECTED_GROUPS, TOLERANCE_FLOAT64, _assert_close_lists
+from nemo_dist.conformance.ddp_checks import TOLERANCE_FLOAT64, _assert_close_lists, _checkpoint_role
 
 __all__ = ["CORE_ARCHITECTURES", "MISSING_TRANSFORMERS", "REAL_MODEL_SCOPES", "TOLERANCE_REAL_MODELS"]
 
@@ -63,14 +63,6 @@ def _require_transformers() -> None:
         raise unittest.SkipTest(MISSING_TRANSFORMERS) from None
 
 
-def _describe(mode: bool | str, trainable: bool, selected: bool) -> str:
-    if selected:
-        return "a selected trainable block"
-    if not mode:
-        return "a block, with checkpointing off"
-    return "a frozen block" if not trainable else "an unselected block"
-
-
 def _check_architecture(
     world: WorldLike, impl: Implementation, architecture: str, mode: bool | str, scopes: tuple[str, ...]
 ) -> None:
@@ -83,7 +75,7 @@ def _check_architecture(
             where = f"{architecture}, activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}"
             for name, (attention, mlp) in run["recomputed"].items():
                 block = blocks[name]
-                selected = bool(mode) and block["trainable"] and name.split(".")[0] in EXPECTED_GROUPS[scope]
+                selected, what = _checkpoint_role(mode, block["trainable"], name.split(".")[0], scope)
                 ran = f"attention {attention}x" + ("" if mlp is None else f" and MLP {mlp}x")
                 if selected:
                     ok = attention > 0 and (mlp is None or mlp > 0)
@@ -92,7 +84,7 @@ def _check_architecture(
                     ok = attention == 0 and not mlp
                     expected = "no recompute"
                 assert ok, (
-                    f"{where}: {name} ({block['path']}, {_describe(mode, block['trainable'], selected)}) ran "
+                    f"{where}: {name} ({block['path']}, {what}) ran "
                     f"{ran} during backward; expected {expected}"
                 )
             assert len(run["grads"]) == len(got["plain_grads"]), (
