@@ -3,14 +3,23 @@
 ``run_conformance(Implementation(gather="my.fork.dist_utils"))`` runs every
 registered check of the named components in gloo worlds and returns a
 :class:`Report` (verdict per check and world size; checks that need no
-process group run once, ddp checks once per entry point). An
-``Implementation`` names modules, or one all-gather callable
-(``gather_fn="module:name"``). The core tier is upstream's contract
-(nemo-automodel 0.7.0); the extended tier is what nemo_dist promises beyond
-it. The command ``nemo-dist-conformance`` (``python -m nemo_dist.conformance``)
-wraps it, and also runs inside a torchrun world. The checks live in
-``gather_checks``, ``ddp_checks``, ``model_checks`` and ``config_checks`` and
-register themselves in :data:`CHECKS`.
+process group run once, ddp checks once per entry point);
+:func:`format_report` renders it as the command's table and
+:func:`write_junit_xml` as JUnit XML. An ``Implementation`` names modules,
+or one all-gather callable (``gather_fn="module:name"``). The core tier is
+upstream's contract (nemo-automodel 0.7.0); the extended tier is what
+nemo_dist promises beyond it.
+
+The package is laid out in three layers (``docs/ARCHITECTURE.md``):
+
+- the engine: :mod:`.target` (what is checked), :mod:`.registry` (the one
+  list of checks and its expansion into runs), :mod:`.verdicts`,
+  :mod:`.runner`, :mod:`.deadlines`, :mod:`.report`, :mod:`.inworld`
+  (torchrun mode); it imports no suite;
+- one suite per component, registered with the engine when imported:
+  :mod:`.gather`, :mod:`.ddp`, :mod:`.config`, :mod:`.real_models`;
+- front ends: :mod:`.cli` (``nemo-dist-conformance``, ``python -m
+  nemo_dist.conformance``) and :mod:`.pytest_plugin` (``pytest conformance/``).
 """
 
 from __future__ import annotations
@@ -18,35 +27,32 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 
-from nemo_dist.conformance._impl import (
+from nemo_dist.conformance.profile import hypothesis_settings
+from nemo_dist.conformance.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
+from nemo_dist.conformance.report import format_report, write_junit_xml
+from nemo_dist.conformance.runner import run_case, run_check, run_checks
+from nemo_dist.conformance.target import (
+    COMPONENTS,
     PRESETS,
     REFERENCE,
     Implementation,
     NotApplicable,
     NotSupported,
     OptionError,
+    checked_components,
     resolve_implementation,
     validate_implementation,
 )
-from nemo_dist.conformance._registry import CHECKS, Check, WorldLike, check
-from nemo_dist.conformance._runner import (
-    TIERS,
-    Report,
-    Verdict,
-    checked_components,
-    hypothesis_settings,
-    is_not_supported,
-    run_check,
-    run_checks,
-    select_checks,
-)
+from nemo_dist.conformance.verdicts import Report, Verdict, is_not_supported
 
 __all__ = [
     "CHECKS",
-    "CHECK_MODULES",
+    "COMPONENTS",
     "PRESETS",
     "REFERENCE",
+    "SUITE_PACKAGES",
     "TIERS",
+    "Case",
     "Check",
     "Implementation",
     "NotApplicable",
@@ -55,40 +61,36 @@ __all__ = [
     "Report",
     "Verdict",
     "WorldLike",
+    "cases",
     "check",
     "checked_components",
+    "format_report",
     "hypothesis_settings",
     "is_not_supported",
     "load_checks",
     "resolve_implementation",
+    "run_case",
     "run_check",
     "run_checks",
     "run_conformance",
     "select_checks",
     "validate_implementation",
+    "write_junit_xml",
 ]
 
-#: The modules whose import registers the bundled checks.
-CHECK_MODULES: tuple[str, ...] = (
-    "nemo_dist.conformance.gather_checks",
-    "nemo_dist.conformance.ddp_checks",
-    "nemo_dist.conformance.config_checks",
-    "nemo_dist.conformance.model_checks",
+#: The suites whose import registers the bundled checks, in the order their checks are listed.
+SUITE_PACKAGES: tuple[str, ...] = (
+    "nemo_dist.conformance.gather",
+    "nemo_dist.conformance.ddp",
+    "nemo_dist.conformance.config",
+    "nemo_dist.conformance.real_models",
 )
 
 
 def load_checks() -> dict[str, Check]:
-    """Import the bundled check modules (registering their checks); return :data:`CHECKS`.
-
-    A check module that does not exist yet is skipped; any other import error
-    (including a missing module *inside* a check module) propagates.
-    """
-    for name in CHECK_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
+    """Import the bundled suites (registering their checks); return :data:`CHECKS`, in registration order."""
+    for name in SUITE_PACKAGES:
+        importlib.import_module(name)
     return CHECKS
 
 

@@ -24,7 +24,7 @@ order.  :func:`find_layer_groups` chooses them as NeMo Automodel 0.7.0 does:
    the first met).  A model with no candidate has no groups.
 
 Beyond upstream (each difference is asserted in
-``tests/unit/test_layer_groups_transformers.py`` against upstream's own code):
+``tests/distributed/test_layer_groups_transformers.py`` against upstream's own code):
 
 - Whisper (``WhisperForConditionalGeneration``, ``WhisperModel``,
   ``WhisperForAudioClassification``): the encoder stack is the "audio" group

@@ -29,7 +29,7 @@ from nemo_dist.testing import profiles
 if TYPE_CHECKING:
     from nemo_dist.testing._world import World
 
-__all__ = ["WorldFactory"]
+__all__ = ["WorldFactory", "selected_world_sizes", "world_timeout"]
 
 _DEFAULT_SIZES = "1,2,3,4"
 _DEFAULT_TIMEOUT = "120"
@@ -205,6 +205,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip ``gpu`` tests, with the reason, where CUDA is missing."""
     if item.get_closest_marker("gpu") is not None and _cuda_count() == 0:
         pytest.skip("gpu test: CUDA is not available (torch.cuda.is_available() is False)")
+
+
+def selected_world_sizes(config: pytest.Config) -> tuple[int, ...]:
+    """The world sizes ``--dist-world-sizes`` selects (validated when pytest configured the plugin)."""
+    return config.stash[_SIZES_KEY]
+
+
+def world_timeout(config: pytest.Config) -> float:
+    """The deadline of one ``World.run`` that ``--dist-timeout`` sets, in seconds."""
+    return config.stash[_TIMEOUT_KEY]
 
 
 class WorldFactory:

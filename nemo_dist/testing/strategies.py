@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 __all__ = [
     "ALL_DTYPES",
+    "DDP_CONFIG_DEFAULTS",
     "FLOAT_DTYPES",
     "LAYOUTS",
     "Values",
@@ -218,4 +219,4 @@ def upstream_grads(
     return rank_tensors(world_size, out_shape, dtype, values=values)
 
 
-from nemo_dist.testing._ddp_strategies import ddp_configs  # noqa: E402  (re-export; defined in its own module)
+from nemo_dist.testing._ddp_strategies import DDP_CONFIG_DEFAULTS, ddp_configs  # noqa: E402  (re-export; own module)

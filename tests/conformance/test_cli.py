@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_dist.conformance.__main__ import main
+from nemo_dist.conformance.cli import main
 from tests.conformance._cli import run_command
 
 QUICK = ("--world-sizes", "2", "--max-examples", "3", "-q")

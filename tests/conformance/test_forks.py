@@ -1,27 +1,103 @@
-"""Layer 2: gloo worlds of 2 ranks. Every broken fork in ``tests/forks`` is caught; the correct ones pass.
+"""Layer 3: the runner in gloo worlds of 1-3 ranks. Every fork in ``tests/forks`` is run once and judged right.
 
-Each fork is checked for the component it provides (the bundled modules serve
-the others), through the same selection, runner and table as the command.
+Each fork (the gallery aside: ``test_gallery.py`` checks those bare callables)
+is checked once, through the same selection, runner and table as the
+command, and every assertion about it reads that one report:
+
+- a broken fork (``broken_*``) fails, with a message, on the check guarding its
+  bug (the message names the broken property) and, where one fits, a likely
+  cause; the exit status follows the tier of its failures;
+- a correct fork conforms; the forks written from the SPEC alone
+  (``independent_*``) pass every check, ``--strict`` included, in worlds of
+  1, 2 and 3; an upstream-style gather without ``uneven=`` or ``group=`` gets
+  NOT SUPPORTED there, never a failure;
+- the upstream-faithful fork (``upstream_faithful_*``, written from
+  nemo-automodel 0.7.0's behaviour) conforms, and its failures are exactly
+  upstream's extended findings.
+
+The real-transformers checkpointing checks run for the upstream-faithful fork
+only (with transformers installed); the reference's are in
+``test_every_check.py`` and a broken fork's in ``test_real_models.py``.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from nemo_dist.conformance import REFERENCE, Implementation, Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance._report import format_report
+from nemo_dist.conformance import COMPONENTS, REFERENCE, Implementation, Report, format_report, load_checks, run_checks
+from nemo_dist.conformance import select_checks as select
 from nemo_dist.testing.plugin import WorldFactory
 
-# The gallery forks are bare callables, checked with --gather-fn in test_gallery.py.
-FORKS = sorted(
-    p.stem
-    for p in (Path(__file__).parents[1] / "forks").glob("*.py")
-    if p.stem != "__init__" and not p.stem.startswith("gallery_")
+_FORK_FILES = sorted(
+    p.stem for p in (Path(__file__).parents[1] / "forks").glob("*.py") if p.stem not in ("__init__",)
 )
-BROKEN = [f for f in FORKS if f.startswith("broken_")]
+
+
+def _component(module: str) -> str:
+    fork = importlib.import_module(module)
+    for component, names in (
+        ("gather", ("all_gather_with_grad",)),
+        ("ddp", ("DDPManager", "parallelize_ddp")),
+        ("config", ("DDPConfig",)),
+    ):
+        if any(hasattr(fork, n) for n in names):
+            return component
+    raise AssertionError(f"{module} provides none of all_gather_with_grad, DDPManager, parallelize_ddp, DDPConfig")
+
+
+def _alone(fork: str) -> tuple[Implementation, tuple[str, ...]]:
+    """The fork as its component, the bundled modules serving the others."""
+    module = f"tests.forks.{fork}"
+    component = _component(module)
+    paths = {c: getattr(REFERENCE, c) for c in COMPONENTS}
+    return Implementation(**{**paths, component: module}), (component,)
+
+
+def _trio(prefix: str) -> tuple[Implementation, tuple[str, ...]]:
+    """The three forks ``PREFIX_{gather,ddp,config}`` together, every component checked."""
+    gather = f"tests.forks.{prefix}_dist_utils" if prefix == "upstream_faithful" else f"tests.forks.{prefix}_gather"
+    impl = Implementation(gather=gather, ddp=f"tests.forks.{prefix}_ddp", config=f"tests.forks.{prefix}_config")
+    return impl, COMPONENTS
+
+
+#: Fork -> (implementation, components checked, world sizes). Each one runs once.
+TARGETS: dict[str, tuple[Implementation, tuple[str, ...], tuple[int, ...]]] = {
+    **{f: (*_alone(f), (2,)) for f in _FORK_FILES if f.startswith("broken_")},
+    "upstream_style_gather": (*_alone("upstream_style_gather"), (2, 3)),
+    "independent": (*_trio("independent"), (1, 2, 3)),
+    "upstream_faithful": (*_trio("upstream_faithful"), (1, 2)),
+}
+COVERED = {f for f in _FORK_FILES if f.startswith(("broken_", "independent_", "upstream_faithful_"))} | {
+    "upstream_style_gather"
+}
+
+#: Broken fork -> (the check guarding its bug, a regular expression its failure message matches).
+GUARDS: dict[str, list[tuple[str, str]]] = {
+    "broken_gather_no_cross_rank_sum": [("gather.backward_sums_rank_slices", "gradient of x")],
+    "broken_gather_wrong_order": [("gather.forward_matches_cat", "gathered output: values differ")],
+    "broken_gather_mutates_grad": [("gather.inputs_and_grads_not_modified", "modified in place")],
+    "broken_gather_uneven_hangs_or_garbage": [("gather.uneven_mismatch_raises_on_every_rank", "ValueError")],
+    "broken_gather_forward_drops_last_rank": [("gather.forward_matches_cat", "gathered output")],
+    "broken_gather_gathers_in_float32": [("gather.forward_matches_cat", "dtype")],
+    "broken_ddp_drops_bucket_cap": [("ddp.bucket_cap_mb", r"bucket_cap_mb=0\.01 gave 1 bucket\(s\), not more than")],
+    "broken_ddp_forward_sync_buffers": [
+        ("ddp.broadcast_buffers", r"broadcast_buffers=False: rank 1's buffer after init is 0, expected 1")
+    ],
+    "broken_ddp_no_checkpointing": [
+        ("ddp.activation_checkpointing_full", r"language\.0 \(a selected trainable block\) ran attn 0x and mlp 0x"),
+        ("ddp.activation_checkpointing_selective", r"activation_checkpointing='selective'.*ran attn 0x"),
+    ],
+    "broken_config_accepts_negative_bucket": [
+        ("config.rejects_bad_values_naming_field", r"DDPConfig\(bucket_cap_mb=-1\.0\) was accepted")
+    ],
+    "broken_config_bool_strings": [("config.rejects_bad_values_naming_field", "was accepted")],
+}
 #: Broken forks whose failures name a likely cause (world of 2), and the cause's first words.
 LIKELY_CAUSES = {
     "broken_gather_forward_drops_last_rank": "rank 1's rows missing from the output",
@@ -29,39 +105,59 @@ LIKELY_CAUSES = {
     "broken_gather_no_cross_rank_sum": "no cross-rank sum",
     "broken_gather_gathers_in_float32": "dtype changed",
 }
-CORRECT = [f for f in FORKS if not f.startswith("broken_")]
+#: What upstream does not promise, as (check, world size) failures of the extended tier in worlds of 0 and 1.
+UPSTREAM_EXTENDED_FINDINGS = {
+    ("gather.uninitialised_no_grad_never_requires_grad", 0),  # all_gather_no_grad returns x itself
+    ("config.rejects_bad_values_naming_field", 0),  # a plain dataclass: only the scope is validated
+    ("gather.no_grad_never_requires_grad", 1),  # x itself in a world of one
+    ("gather.zero_dim_raises_on_every_rank", 1),
+    ("ddp.world_of_one_wrapped_in_ddp[parallelize_ddp]", 1),  # the model comes back unwrapped
+    ("ddp.world_of_one_wrapped_in_ddp[DDPManager]", 1),
+    ("ddp.autocast_dtype[parallelize_ddp]", 1),  # the field exists; nothing applies it
+    ("ddp.autocast_dtype[DDPManager]", 1),
+}
+
+if importlib.util.find_spec("transformers") is not None:  # Whisper's encoder is the audio group beyond upstream
+    UPSTREAM_EXTENDED_FINDINGS |= {
+        (f"ddp.checkpointing_real_models_beyond_upstream[{api}]", 1) for api in ("parallelize_ddp", "DDPManager")
+    }
+
+_REPORTS: dict[str, tuple[Report, str]] = {}
 
 
-def _component(module: str) -> str:
-    fork = importlib.import_module(module)
-    for component, name in (("gather", "all_gather_with_grad"), ("ddp", "DDPManager"), ("config", "DDPConfig")):
-        if hasattr(fork, name):
-            return component
-    raise AssertionError(f"{module} provides none of all_gather_with_grad, DDPManager, DDPConfig")
+def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
+    """The one report of fork ``name`` in this process (run on first use) and its table."""
+    if name not in _REPORTS:
+        impl, components, sizes = TARGETS[name]
+        selected = select(load_checks().values(), impl, "all", None, components)
+        checks = [c for c in selected if name == "upstream_faithful" or "real_models" not in c.name]
+        report = run_checks(checks, impl, sizes, max_examples=5, worlds=world_factory, components=components)
+        _REPORTS[name] = (report, format_report(report))
+    return _REPORTS[name]
 
 
-def _run(fork: str, world_factory: WorldFactory) -> tuple[Report, str]:
-    module = f"tests.forks.{fork}"
-    component = _component(module)
-    impl = Implementation(**{**{c: getattr(REFERENCE, c) for c in ("gather", "ddp", "config")}, component: module})
-    # The real-transformers checkpointing checks have their own tests (tests/ddp, test_upstream.py).
-    selected = select_checks(load_checks().values(), impl, "all", None, (component,))
-    checks = [c for c in selected if "real_models" not in c.name]
-    report = run_checks(
-        checks, impl, (2,), max_examples=5, worlds=world_factory,
-        components=(component,),
-    )
-    return report, format_report(report)
+def _params(names: Any) -> list[Any]:
+    # Every test of one fork in one xdist worker, so the fork runs once.
+    return [pytest.param(n, id=n, marks=pytest.mark.xdist_group(name=f"fork_{n}")) for n in names]
 
 
-@pytest.mark.parametrize("fork", BROKEN)
-def test_broken_fork_is_caught_with_a_readable_failure(fork: str, world_factory: WorldFactory) -> None:
-    """A broken fork gets FAIL rows, each with a message (and a likely cause where one fits), and a failing exit."""
-    report, table = _run(fork, world_factory)
+def test_every_fork_file_is_judged() -> None:
+    """Each non-gallery fork under tests/forks is one of the targets here (a new fork cannot be forgotten)."""
+    assert {f for f in _FORK_FILES if not f.startswith("gallery_")} == COVERED
+    assert set(GUARDS) == {f for f in _FORK_FILES if f.startswith("broken_")}
+
+
+@pytest.mark.parametrize("fork", _params(GUARDS))
+def test_broken_fork_fails_its_guarding_check_with_a_readable_failure(fork: str, world_factory: WorldFactory) -> None:
+    """The guarding check FAILs naming the broken property (with its likely cause where one fits); exit follows tier."""
+    report, table = _report(fork, world_factory)
     failures = [v for v in report.verdicts if v.failed]
     assert failures, table
-    assert " FAIL" in table
     assert all(v.message for v in failures), table
+    for check, message in GUARDS[fork]:
+        guarded = [v for v in failures if v.check.split("[")[0] == check]
+        assert guarded, f"{check} did not fail\n{table}"
+        assert any(re.search(message, v.message) for v in guarded), f"{check}: no message matches {message!r}\n{table}"
     if fork in LIKELY_CAUSES:
         assert any(v.cause.startswith(LIKELY_CAUSES[fork]) for v in failures), table
     if any(v.tier == "core" for v in failures):
@@ -70,10 +166,37 @@ def test_broken_fork_is_caught_with_a_readable_failure(fork: str, world_factory:
         assert (report.exit_code(), report.exit_code(strict=True)) == (0, 1), table
 
 
-@pytest.mark.parametrize("fork", CORRECT)
-def test_correct_fork_conforms(fork: str, world_factory: WorldFactory) -> None:
-    """A correct fork exits 0; one written to the whole SPEC (``independent_*``) passes --strict too."""
-    report, table = _run(fork, world_factory)
+@pytest.mark.parametrize("fork", _params(["independent"]))
+def test_forks_written_from_the_spec_pass_every_check_strictly(fork: str, world_factory: WorldFactory) -> None:
+    """independent_{gather,ddp,config} pass every check in worlds of 1, 2 and 3 (exit 0 under --strict)."""
+    report, table = _report(fork, world_factory)
+    assert report.exit_code(strict=True) == 0, table
+    assert report.count("pass") > 0, table
+
+
+@pytest.mark.parametrize("fork", _params(["upstream_style_gather"]))
+def test_upstream_style_gather_conforms_and_its_missing_keywords_are_not_supported(
+    fork: str, world_factory: WorldFactory
+) -> None:
+    """A gather without uneven=/group= conforms; the checks needing them say NOT SUPPORTED, naming the keyword."""
+    report, table = _report(fork, world_factory)
     assert report.exit_code() == 0, table
-    if fork.startswith("independent_"):
-        assert report.exit_code(strict=True) == 0, table
+    unsupported = {v.check: v.message for v in report.verdicts if v.outcome == "not supported"}
+    needs = (("gather.uneven_gathers_rows_in_rank_order", "uneven"), ("gather.group_uses_group_ranks", "group"))
+    for check, keyword in needs:
+        assert f"takes no {keyword}= keyword" in unsupported.get(check, ""), table
+
+
+@pytest.mark.parametrize("fork", _params(["upstream_faithful"]))
+def test_upstream_faithful_fork_conforms_and_reports_upstreams_extended_findings(
+    fork: str, world_factory: WorldFactory
+) -> None:
+    """It passes every core check; in worlds of 0 and 1 its failures are exactly upstream's extended findings."""
+    report, table = _report(fork, world_factory)
+    assert report.exit_code() == 0, table
+    assert all(v.tier == "extended" and v.message for v in report.verdicts if v.failed), table
+    small = {(v.check, v.world_size) for v in report.verdicts if v.failed and v.world_size <= 1}
+    assert small == UPSTREAM_EXTENDED_FINDINGS, table
+    not_applicable = {v.check.split("[")[0] for v in report.verdicts if v.outcome == "not applicable"}
+    assert {"ddp.bucket_cap_mb", "ddp.gradient_as_bucket_view", "ddp.static_graph"} <= not_applicable, table
+    assert "DeprecationWarning: DDPManager is deprecated" in table

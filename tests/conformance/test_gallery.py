@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from nemo_dist.conformance import Implementation, Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance._diagnosis import CAUSES
-from nemo_dist.conformance._report import format_report
+from nemo_dist.conformance.gather.diagnosis import CAUSES
+from nemo_dist.conformance.report import format_report
 from nemo_dist.testing.plugin import WorldFactory
 
 SIZES = (2, 3)

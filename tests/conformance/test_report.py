@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Check, Implementation, NotSupported, Report, Verdict, select_checks
-from nemo_dist.conformance._report import format_report, write_junit_xml
-from nemo_dist.conformance._runner import is_not_supported
+from nemo_dist.conformance.report import format_report, write_junit_xml
+from nemo_dist.conformance.verdicts import is_not_supported
 from nemo_dist.testing import RankFailure
 
 

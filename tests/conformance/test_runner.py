@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Report, run_checks
-from nemo_dist.conformance._deadline import Deadlines
+from nemo_dist.conformance.deadlines import Deadlines
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_dist.conformance import CHECKS, REFERENCE, Implementation, is_not_supported
-from nemo_dist.conformance import _gather_ranks as gather_ranks
+from nemo_dist.conformance import REFERENCE, Case, cases, is_not_supported, load_checks
+from nemo_dist.conformance.gather import ranks as gather_ranks
 from nemo_dist.testing.plugin import WorldFactory
 from tests.gpu import nccl_rank_fns
 
@@ -23,32 +23,31 @@ WORLD_SIZES = (1, 2, 4, 8)
 
 
 def _cases() -> list[object]:
-    """One case per run of a registered check that needs a world (ddp ones per entry point) and world size.
+    """One case per registry case of the reference that needs a world (ddp ones per entry point), per world size.
 
     Sizes a check does not apply to are skipped marks; checks that need no
     process group run on CPU in the other layers, not here.
     """
-    cases: list[object] = []
-    for check in CHECKS.values():
-        if not check.needs_world:
+    params: list[object] = []
+    for case in cases(load_checks().values(), REFERENCE, WORLD_SIZES):
+        if case.world_size == 0:
             continue
-        for name, impl in check.variants(REFERENCE):
-            for size in WORLD_SIZES:
-                marks = [pytest.mark.xdist_group(name=f"nemo_dist_nccl_w{size}")]
-                if not check.applies_to(size):
-                    bounds = f"{check.min_world}..{check.max_world or 'any'}"
-                    reason = f"{name} does not apply to a world of {size} (sizes {bounds})"
-                    marks.append(pytest.mark.skip(reason=reason))
-                cases.append(pytest.param(check.name, impl, size, marks=marks, id=f"{name}-w{size}"))
-    return cases
+        marks = [pytest.mark.xdist_group(name=f"nemo_dist_nccl_w{case.world_size}")]
+        if not case.applies:
+            check = case.check
+            bounds = f"{check.min_world}..{check.max_world or 'any'}"
+            reason = f"{case.name} does not apply to a world of {case.world_size} (sizes {bounds})"
+            marks.append(pytest.mark.skip(reason=reason))
+        params.append(pytest.param(case, marks=marks, id=f"{case.name}-w{case.world_size}"))
+    return params
 
 
-@pytest.mark.parametrize(("name", "impl", "size"), _cases())
-def test_check_holds_in_nccl_world(name: str, impl: Implementation, size: int, world_factory: WorldFactory) -> None:
+@pytest.mark.parametrize("case", _cases())
+def test_check_holds_in_nccl_world(case: Case, world_factory: WorldFactory) -> None:
     """The registered check holds for the reference in an NCCL world of this size."""
-    world = world_factory(size, backend="nccl")
+    world = world_factory(case.world_size, backend="nccl")
     try:
-        CHECKS[name](world, impl)
+        case.check(world, case.impl)
     except Exception as exc:
         if is_not_supported(exc):
             pytest.skip(f"not supported: {str(exc).splitlines()[0]}")

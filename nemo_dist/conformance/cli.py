@@ -1,0 +1,267 @@
+"""The command line front end: ``nemo-dist-conformance`` (also ``python -m nemo_dist.conformance``).
+
+Exit status: 0 when every core check passes (``--strict``: every check run
+passes), 1 when one fails, 2 on a usage error. Run under ``torchrun`` it
+checks inside the torchrun world instead of starting its own worlds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from nemo_dist.conformance import load_checks
+from nemo_dist.conformance.registry import TIERS, select_checks
+from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
+from nemo_dist.conformance.runner import run_checks
+from nemo_dist.conformance.target import (
+    GATHER_FORMS,
+    PRESETS,
+    Implementation,
+    OptionError,
+    resolve_implementation,
+    validate_implementation,
+)
+from nemo_dist.conformance.verdicts import Report, Verdict
+
+__all__ = ["DEFAULT_MAX_EXAMPLES", "DEFAULT_WORLD_SIZES", "UsageError", "main", "option_name"]
+
+#: World sizes when ``--world-sizes`` is not given (the reference run takes
+#: well under 3 minutes with them on a 2-core machine; see conformance/README.md).
+DEFAULT_WORLD_SIZES: tuple[int, ...] = (1, 2, 3, 4)
+#: Hypothesis examples per check when ``--max-examples`` is not given.
+DEFAULT_MAX_EXAMPLES = 10
+
+class UsageError(Exception):
+    """A bad command line; the message says what and how to fix it (exit 2)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nemo-dist-conformance",
+        description="Check that an implementation of the nemo_dist components (the bundled "
+        "one, a fork named by module paths, or any all-gather callable) keeps the contract. "
+        "Naming some of --gather/--gather-fn/--ddp/--config checks only those components (the "
+        "bundled modules serve the others); --preset names all three; naming none checks the "
+        "bundled nemo_dist modules.",
+        epilog="Exit status: 0 conforms, 1 a check failed, 2 usage error. Under torchrun "
+        "(torchrun --nproc-per-node N -m nemo_dist.conformance ...) the checks run in "
+        "the torchrun world and rank 0 prints the table.",
+    )
+    p.add_argument("--gather", metavar="MODULE", help="module with all_gather_with_grad and all_gather_no_grad")
+    p.add_argument(
+        "--gather-fn",
+        metavar="MODULE:NAME",
+        help="one all-gather callable instead of a module: a function or a torch.autograd.Function "
+        "subclass (called through .apply); its output is the concatenation on dim 0, a tuple of W "
+        "tensors or a stacked [W, ...] tensor",
+    )
+    p.add_argument(
+        "--no-grad-fn",
+        metavar="MODULE:NAME",
+        help="the no-grad counterpart of --gather-fn (default: --gather-fn under torch.no_grad())",
+    )
+    p.add_argument(
+        "--gather-form",
+        default="auto",
+        help=f"output form of --gather-fn: {', '.join(GATHER_FORMS)} (default auto: detected from its first call)",
+    )
+    p.add_argument("--ddp", metavar="MODULE", help="module with parallelize_ddp, DDPManager, or both (each is checked)")
+    p.add_argument("--config", metavar="MODULE", help="module with DDPConfig")
+    p.add_argument("--preset", metavar="NAME", help=f"named module layout: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--world-sizes",
+        metavar="SIZES",
+        default=",".join(map(str, DEFAULT_WORLD_SIZES)),
+        help="comma-separated world sizes (default %(default)s; ignored under torchrun)",
+    )
+    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per rank); default gloo")
+    p.add_argument("--tier", default="all", help="core, extended or all (default all)")
+    p.add_argument(
+        "--max-examples",
+        metavar="N",
+        default=str(DEFAULT_MAX_EXAMPLES),
+        help="hypothesis examples per check (default %(default)s)",
+    )
+    p.add_argument("--strict", action="store_true", help="fail on any failing or unsupported check, not only core")
+    p.add_argument("--junit-xml", metavar="PATH", help="also write a JUnit XML report to PATH")
+    p.add_argument(
+        "-k",
+        "--select",
+        metavar="TEXT",
+        help="run only checks whose name contains TEXT ('not TEXT': all but those)",
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        default="120",
+        help="cap of the per-step deadline: a step may take 10 x the slowest passing step so far, at least "
+        "10 s, at most this many seconds, before its ranks are reported hung (default %(default)s)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
+    return p
+
+
+def _positive_int(option: str, text: str, example: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"{option} expects an integer >= 1, such as {option} {example}; got {text!r}")
+    return value
+
+
+def _world_sizes(text: str) -> tuple[int, ...]:
+    sizes: list[int] = []
+    for part in text.split(","):
+        size = _positive_int("--world-sizes", part.strip(), "2,3")
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def option_name(field: str) -> str:
+    """The command's option for an implementation field: ``gather_fn`` -> ``--gather-fn``."""
+    return "--" + field.replace("_", "-")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _options(
+    args: argparse.Namespace,
+) -> tuple[Implementation, tuple[str, ...], tuple[int, ...], int, float]:
+    if args.tier not in TIERS:
+        raise UsageError(f"--tier expects one of {', '.join(TIERS)}; got {args.tier!r}")
+    if args.backend not in ("gloo", "nccl"):
+        raise UsageError(f"--backend expects gloo or nccl; got {args.backend!r}")
+    if args.backend == "nccl" and not _cuda_available():
+        raise UsageError("--backend nccl needs CUDA, and torch.cuda.is_available() is False here; use --backend gloo")
+    sizes = _world_sizes(args.world_sizes)
+    max_examples = _positive_int("--max-examples", args.max_examples, "25")
+    try:
+        timeout = float(args.timeout)
+    except ValueError:
+        timeout = -1.0
+    if not 0 < timeout < float("inf"):
+        raise UsageError(f"--timeout expects a number of seconds > 0, such as --timeout 120; got {args.timeout!r}")
+    try:
+        impl, components = resolve_implementation(
+            gather=args.gather,
+            ddp=args.ddp,
+            config=args.config,
+            preset=args.preset,
+            gather_fn=args.gather_fn,
+            no_grad_fn=args.no_grad_fn,
+            gather_form=args.gather_form,
+        )
+        validate_implementation(impl)
+    except OptionError as exc:
+        raise UsageError(exc.worded(option_name)) from None
+    return impl, components, sizes, max_examples, timeout
+
+
+def _emit(report: Report, args: argparse.Namespace) -> int:
+    sys.stdout.write(format_report(report, args.strict))
+    sys.stdout.flush()
+    if args.junit_xml:
+        write_junit_xml(report, args.junit_xml, args.strict)
+    return report.exit_code(args.strict)
+
+
+def _print_progress(verdict: Verdict) -> None:
+    print(format_progress(verdict), file=sys.stderr, flush=True)
+
+
+def _progress(args: argparse.Namespace, rank: int = 0) -> Callable[[Verdict], None] | None:
+    """Per-verdict progress printer for stderr (rank 0 only; none with -q)."""
+    return None if args.quiet or rank != 0 else _print_progress
+
+
+def _main_torchrun(args: argparse.Namespace) -> int:
+    """Check inside torchrun's world; ends the process with the status (``os._exit``) after a run."""
+    from nemo_dist.conformance.inworld import init_from_env, run_in_world
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        impl, components, _, max_examples, timeout = _options(args)
+    except UsageError as exc:
+        if rank == 0:
+            print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+
+    init_from_env(args.backend, timeout)
+    try:
+        checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
+        report = run_in_world(
+            checks,
+            impl,
+            backend=args.backend,
+            tier=args.tier,
+            max_examples=max_examples,
+            on_verdict=_progress(args, rank),
+            components=components,
+        )
+        if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
+            report = report.with_notes("--world-sizes is ignored under torchrun: the world is torchrun's")
+        code = _emit(report, args) if rank == 0 else report.exit_code(args.strict)
+        codes: list[int | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(codes, code)
+        status = max(c or 0 for c in codes)
+    finally:
+        dist.destroy_process_group()
+    # After a run with DDP, a normal interpreter exit sometimes aborts in a C++
+    # destructor ("terminate called without an active exception", SIGABRT),
+    # turning a verdict into a crash; leave without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    Under torchrun a completed run ends the process itself with the status
+    (see ``_main_torchrun``); usage errors still return 2.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # `--gather tests.forks.x` imports from the checkout; ranks inherit sys.path
+    args = _parser().parse_args(argv)
+    from nemo_dist.conformance.inworld import in_torchrun
+
+    if in_torchrun():
+        return _main_torchrun(args)
+    try:
+        impl, components, sizes, max_examples, timeout = _options(args)
+    except UsageError as exc:
+        print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
+        return 2
+    checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
+    if not checks:
+        print(
+            "nemo-dist-conformance: error: no check selected (tier "
+            f"{args.tier!r}, select {args.select!r}); widen --tier or -k",
+            file=sys.stderr,
+        )
+        return 2
+    report = run_checks(
+        checks,
+        impl,
+        sizes,
+        backend=args.backend,
+        tier=args.tier,
+        max_examples=max_examples,
+        timeout=timeout,
+        on_verdict=_progress(args),
+        components=components,
+    )
+    return _emit(report, args)
+

@@ -1,0 +1,109 @@
+"""Conformance checks of ``DDPConfig``.
+
+These need no process group: each runs once, in the parent process (``world``
+is None).  The defaults are the SPEC's table; scopes are normalised to a
+tuple, and unknown or mixed scope names fail at construction naming the
+field: that is what upstream's dataclass does (core).  Every other bad value
+(a negative bucket size, a string where a bool belongs) failing at
+construction is nemo_dist's promise (extended).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_dist.conformance.registry import check
+from nemo_dist.conformance.target import Implementation
+from nemo_dist.testing.strategies import DDP_CONFIG_DEFAULTS
+
+__all__ = ["INVALID_CONFIGS", "INVALID_SCOPES", "SCOPE_NORMALISATIONS", "SPEC_DEFAULTS", "config_rejection"]
+
+#: The SPEC's defaults of every DDPConfig field (the scope as normalised).
+SPEC_DEFAULTS: dict[str, Any] = {**DDP_CONFIG_DEFAULTS, "activation_checkpointing_scope": ("all",)}
+
+#: (readable id, field, bad value): scope names upstream rejects, naming the field (core).
+INVALID_SCOPES: list[tuple[str, str, Any]] = [
+    ("unknown_scope", "activation_checkpointing_scope", "robotics"),
+    ("unknown_scope_in_list", "activation_checkpointing_scope", ["language", "robotics"]),
+    ("all_mixed_with_group", "activation_checkpointing_scope", "all,language"),
+    ("all_mixed_in_list", "activation_checkpointing_scope", ["vision", "all"]),
+]
+
+#: (readable id, field, bad value): every bad value, scopes included, must fail at construction naming the field.
+INVALID_CONFIGS: list[tuple[str, str, Any]] = [
+    ("negative_bucket", "bucket_cap_mb", -1.0),
+    ("zero_bucket", "bucket_cap_mb", 0),
+    ("string_bucket", "bucket_cap_mb", "25"),
+    ("string_broadcast_buffers", "broadcast_buffers", "yes"),
+    ("string_find_unused_parameters", "find_unused_parameters", "False"),
+    ("string_static_graph", "static_graph", "true"),
+    ("string_gradient_as_bucket_view", "gradient_as_bucket_view", "no"),
+    ("unknown_checkpointing_mode", "activation_checkpointing", "sometimes"),
+    *INVALID_SCOPES,
+]
+
+#: (scope as given, the groups it must normalise to, as a set; the result is a tuple).
+SCOPE_NORMALISATIONS: list[tuple[Any, set[str]]] = [
+    ("all", {"all"}),
+    ("language,vision", {"language", "vision"}),
+    ("language+vision", {"language", "vision"}),
+    (["vision", "language"], {"language", "vision"}),
+    ("multimodal", {"multimodal"}),
+    (("audio",), {"audio"}),
+]
+
+
+def config_rejection(impl: Implementation, field: str, value: Any) -> str:
+    """Build ``DDPConfig(**{field: value})``; return its error message, or raise AssertionError if accepted.
+
+    The error must be ``TypeError`` or ``ValueError`` and name the field.
+    """
+    config_class = impl.module("config").DDPConfig
+    try:
+        config = config_class(**{field: value})
+    except (TypeError, ValueError) as error:
+        raised: TypeError | ValueError = error
+    else:
+        raise AssertionError(
+            f"DDPConfig({field}={value!r}) was accepted (now {getattr(config, field, '?')!r}); "
+            "expected TypeError or ValueError naming the field"
+        )
+    message = str(raised)
+    assert field in message, (
+        f"DDPConfig({field}={value!r}) raised {type(raised).__name__} not naming the field: {message}"
+    )
+    return message
+
+
+@check("config.defaults_match_spec", tier="core", component="config", needs_world=False)
+def defaults_match_spec(world: None, impl: Implementation) -> None:
+    """DDPConfig() has the SPEC's default for every field."""
+    config = impl.module("config").DDPConfig()
+    for field, expected in SPEC_DEFAULTS.items():
+        got = getattr(config, field, "<missing>")
+        assert got == expected, f"DDPConfig().{field} is {got!r}, the SPEC's default is {expected!r}"
+
+
+@check("config.scope_names_validated", tier="core", component="config", needs_world=False)
+def scope_names_validated(world: None, impl: Implementation) -> None:
+    """Unknown scope names, and "all" mixed with others, fail at construction naming the field."""
+    for _, field, value in INVALID_SCOPES:
+        config_rejection(impl, field, value)
+
+
+@check("config.rejects_bad_values_naming_field", tier="extended", component="config", needs_world=False)
+def rejects_bad_values_naming_field(world: None, impl: Implementation) -> None:
+    """Every bad value (negative bucket, str for bool, unknown mode or scope) fails at construction naming the field."""
+    for _, field, value in INVALID_CONFIGS:
+        config_rejection(impl, field, value)
+
+
+@check("config.scope_normalised_to_tuple", tier="core", component="config", needs_world=False)
+def scope_normalised_to_tuple(world: None, impl: Implementation) -> None:
+    """activation_checkpointing_scope given as str with , or + or a list becomes a tuple of its groups."""
+    config_class = impl.module("config").DDPConfig
+    for scope, groups in SCOPE_NORMALISATIONS:
+        got = config_class(activation_checkpointing_scope=scope).activation_checkpointing_scope
+        expected = f"expected a tuple of {sorted(groups)}"
+        assert isinstance(got, tuple), f"activation_checkpointing_scope={scope!r} became {got!r}, {expected}"
+        assert sorted(got) == sorted(groups), f"activation_checkpointing_scope={scope!r} became {got!r}, {expected}"

@@ -1,0 +1,384 @@
+"""Conformance checks of the DDP entry points: every ``DDPConfig`` field proven by behaviour.
+
+Each check builds small seeded float64 models on every rank of a world
+(``_ddp_ranks``), wraps them through the implementation's entry point
+(``parallelize_ddp`` and ``DDPManager``: each one the module defines gets its
+own run) and asserts in the parent on what the ranks report: buffers
+equalised or left alone, bucket count following the cap, an unused parameter
+tolerated or raising, gradients aliasing the bucket storage, static graph
+accepted, blocks recomputed in backward under checkpointing (and none
+without it) with unchanged gradients, autocast output dtype, and training
+equal to one process on the full batch. Each field's off or default value
+is checked beside its other values.
+
+Core is what upstream (nemo-automodel 0.7.0) does. Upstream returns the
+model unwrapped in a world of one rank, so a check that needs the DDP object
+is not applicable there; wrapping a world of one, applying
+``autocast_dtype`` and leaving the dtype alone are extended.
+
+The checks run in gloo worlds (models on CPU) and in NCCL worlds (the
+manager moves each rank's model to its GPU; inputs and the single-process
+reference copies follow it there, results come back on CPU).  Tolerances are
+the same on both: the models are float64 (TF32 never applies to float64) or
+run under bf16 autocast, whose tolerance covers either device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nemo_dist.conformance.ddp import ranks
+from nemo_dist.conformance.ddp.entry_point import NotDDP
+from nemo_dist.conformance.ddp.expectations import (
+    CHECKPOINT_SCOPES,
+    TOLERANCE_BF16,
+    TOLERANCE_FLOAT64,
+    TOLERANCE_TIGHT,
+    assert_close_lists,
+    assert_ranks_identical,
+    checkpoint_role,
+)
+from nemo_dist.conformance.registry import WorldLike, check
+from nemo_dist.conformance.target import Implementation, NotApplicable
+from nemo_dist.testing.strategies import ddp_configs
+
+__all__ = [
+    "activation_checkpointing_full",
+    "activation_checkpointing_off",
+    "activation_checkpointing_selective",
+    "any_config_trains_like_one_process",
+    "autocast_dtype",
+    "broadcast_buffers",
+    "bucket_cap_mb",
+    "contrastive_loss_equals_full_batch",
+    "find_unused_parameters",
+    "gradient_as_bucket_view",
+    "manager_attributes",
+    "parallelize_wraps_and_places",
+    "requires_process_group",
+    "static_graph",
+    "world_of_one_wrapped_in_ddp",
+]
+
+def _global_batch(seed: int, rows: int, dim: int = 8) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, dim, generator=generator, dtype=torch.float64)
+
+
+def _examples(divisor: int) -> int:
+    return max(3, settings().max_examples // divisor)
+
+
+_BASIC_CONFIGS: list[dict[str, Any]] = [
+    {},
+    {
+        "activation_checkpointing": "selective",
+        "activation_checkpointing_scope": "language+vision",
+        "broadcast_buffers": True,
+        "find_unused_parameters": True,
+        "bucket_cap_mb": 1.0,
+        "gradient_as_bucket_view": True,
+    },
+    {"activation_checkpointing": True, "static_graph": True},
+]
+
+
+def _not_a_ddp(world: WorldLike, returned: str, what: str) -> None:
+    """Raise: not applicable in a world of one (upstream returns the model there), else a failure."""
+    if world.size == 1:
+        raise NotApplicable(
+            f"the entry point returned {returned}, not DistributedDataParallel, in a world of one rank "
+            f"(as upstream does): no DDP object to {what}"
+        )
+    raise AssertionError(
+        f"the entry point returned {returned}, not DistributedDataParallel, in a world of {world.size}"
+    )
+
+
+def _assert_device_placement(got: dict[str, Any], rank: int, what: str) -> None:
+    """NCCL with CUDA: parameters on ``cuda:(rank % count)``, made current, DDP ``device_ids == [index]``; else CPU."""
+    if "nccl" in got["backend"] and got["cuda_count"] > 0:
+        index = rank % got["cuda_count"]
+        device = f"cuda:{index}"
+        where = f"{what}: on NCCL with {got['cuda_count']} GPU(s)"
+        assert got["current_device"] == index, (
+            f"{where}, the current CUDA device afterwards is {got['current_device']}, expected {index} "
+            "(the entry point must call torch.cuda.set_device)"
+        )
+        assert got["param_devices"] == [device], f"{where}, parameters on {got['param_devices']}, expected {device}"
+        if got["is_ddp"]:
+            assert got["device_ids"] == [index], (
+                f"{where}, DDP device_ids is {got['device_ids']!r} (as indices), expected [{index}]"
+            )
+        return
+    where = f"{what}: on {got['backend']}"
+    assert got["param_devices"] == ["cpu"], f"{where}, parameters on {got['param_devices']}, expected cpu"
+    if got["is_ddp"]:
+        assert got["device_ids"] is None, f"{where}, DDP device_ids is {got['device_ids']!r}, expected None on CPU"
+
+
+@check("ddp.requires_process_group", tier="core", component="ddp", needs_world=False)
+def requires_process_group(world: None, impl: Implementation) -> None:
+    """Without a process group, the entry point raises RuntimeError."""
+    import unittest
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise unittest.SkipTest("this process is a rank of a world (torchrun); the check needs one without a group")
+    raised = ranks.requires_process_group(impl)
+    assert raised == "RuntimeError", (
+        f"{impl.resolved_ddp_api()} without an initialised process group "
+        + ("raised nothing" if raised is None else f"raised {raised}")
+        + "; expected RuntimeError"
+    )
+
+
+@check("ddp.manager_attributes", tier="core", component="ddp", ddp_apis=("DDPManager",))
+def manager_attributes(world: WorldLike, impl: Implementation) -> None:
+    """DDPManager sets rank, world_size and device (its GPU under NCCL) and mirrors every config field."""
+    for config in _BASIC_CONFIGS:
+        for rank, got in enumerate(world.run(ranks.manager_attributes, impl, config)):
+            assert got["rank"] == (rank, rank), (
+                f"config {config}: manager.rank, dist rank = {got['rank']}, expected {rank}"
+            )
+            assert got["world_size"] == (world.size, world.size), (
+                f"config {config}: manager.world_size, dist world size = {got['world_size']}, expected {world.size}"
+            )
+            for field, (mirrored, configured) in got["mirrored"].items():
+                assert mirrored == configured, (
+                    f"config {config}: manager.{field} is {mirrored!r}, the config's {field} is {configured!r}"
+                )
+            cuda = got["current_device"] is not None
+            expected = f"cuda:{got['current_device']}" if cuda else "cpu"
+            assert got["device"] == expected, f"config {config}: manager.device is {got['device']}, expected {expected}"
+
+
+@check("ddp.parallelize_wraps_and_places", tier="core", component="ddp")
+def parallelize_wraps_and_places(world: WorldLike, impl: Implementation) -> None:
+    """The entry point returns DDP over the model (or, in a world of one, may return the model) on the rank's device."""
+    for config in _BASIC_CONFIGS:
+        for rank, got in enumerate(world.run(ranks.placement, impl, config)):
+            what = f"config {config}, rank {rank}"
+            if world.size > 1 or not got["is_model"]:
+                assert got["is_ddp"], f"{what}: the entry point returned {got['returned']}, not DistributedDataParallel"
+                assert got["module_is_model"], f"{what}: the DDP's .module is not the model passed in"
+            _assert_device_placement(got, rank, what)
+
+
+@check("ddp.world_of_one_wrapped_in_ddp", tier="extended", component="ddp", max_world=1)
+def world_of_one_wrapped_in_ddp(world: WorldLike, impl: Implementation) -> None:
+    """In a world of one rank the model is still wrapped in DDP, and its dtype is left as it is."""
+    for config in _BASIC_CONFIGS:
+        (got,) = world.run(ranks.placement, impl, config)
+        assert got["is_ddp"], (
+            f"config {config}: in a world of one the entry point returned {got['returned']}, "
+            "not DistributedDataParallel"
+        )
+        assert got["param_dtypes"] == ["torch.float64"], (
+            f"config {config}: a float64 model came back with parameters of {got['param_dtypes']}"
+        )
+
+
+@check("ddp.broadcast_buffers", tier="core", component="ddp", min_world=2)
+def broadcast_buffers(world: WorldLike, impl: Implementation) -> None:
+    """broadcast_buffers=True gives every rank rank 0's buffers; False leaves them rank-local, also at construction."""
+    dim = 8
+    for enabled in (True, False):
+        for rank, got in enumerate(world.run(ranks.buffer_sync, impl, enabled)):
+            source = 0 if enabled else rank
+            expected = {
+                "after_init": [float(source)] * dim,
+                "forward1": [float(source)] * dim,
+                "forward2": [float(source + 10)] * dim,
+            }
+            for stage, value in expected.items():
+                assert got[stage] == value, (
+                    f"broadcast_buffers={enabled}: rank {rank}'s buffer {stage.replace('_', ' ')} is "
+                    f"{got[stage][0]:g}, expected {value[0]:g} ("
+                    + ("rank 0's buffer" if enabled else "its own buffer: no sync at construction or forward")
+                    + ")"
+                )
+
+
+@check("ddp.bucket_cap_mb", tier="core", component="ddp")
+def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
+    """A small bucket_cap_mb gives more DDP buckets than a large one; None gives torch's default layout."""
+    small, large = 0.01, 25.0
+    results = world.run(ranks.bucket_layouts, impl, [small, large, None], 3)
+    for rank, layouts in enumerate(results):
+        if isinstance(layouts, NotDDP):
+            _not_a_ddp(world, layouts.returned, "count buckets of")
+        shown = ", ".join(f"cap {cap}: {sizes}" for cap, sizes in layouts.items())
+        assert len(layouts[repr(small)]) > len(layouts[repr(large)]), (
+            f"rank {rank}: bucket_cap_mb={small} gave {len(layouts[repr(small)])} bucket(s), not more than "
+            f"bucket_cap_mb={large} ({len(layouts[repr(large)])}); is the cap forwarded to DDP? "
+            f"bucket sizes in elements on step 3: {shown}"
+        )
+        assert layouts["None"] == layouts["plain"], (
+            f"rank {rank}: bucket_cap_mb=None gave buckets {layouts['None']}, torch's default DDP "
+            f"gives {layouts['plain']}"
+        )
+        cap_elements = small * 2**20 / 8
+        for size in layouts[repr(small)]:
+            assert size <= cap_elements + 1024, (
+                f"rank {rank}: a bucket of {size} float64 elements under bucket_cap_mb={small} "
+                f"(cap {cap_elements:.0f} elements, parameters of 1024)"
+            )
+
+
+@check("ddp.find_unused_parameters", tier="core", component="ddp")
+def find_unused_parameters(world: WorldLike, impl: Implementation) -> None:
+    """A skipped parameter trains with find_unused_parameters=True and makes DDP raise with False."""
+    tolerated = world.run(ranks.unused_parameter, impl, True)
+    for got in tolerated:
+        if isinstance(got, NotDDP):
+            _not_a_ddp(world, got.returned, "raise or tolerate an unused parameter")
+    for rank, got in enumerate(tolerated):
+        assert got["error"] is None, f"find_unused_parameters=True: rank {rank} raised: {got['error']}"
+    assert_ranks_identical([got["params"] for got in tolerated], "find_unused_parameters=True")
+    for rank, got in enumerate(world.run(ranks.unused_parameter, impl, False)):
+        assert got["error"] is not None, (
+            f"find_unused_parameters=False: rank {rank} trained two iterations with an unused parameter; "
+            "DDP should have raised (is the flag forwarded?)"
+        )
+        assert "unused" in got["error"] or "finished reduction" in got["error"], (
+            f"find_unused_parameters=False: rank {rank} raised something else: {got['error'][:300]}"
+        )
+
+
+@check("ddp.gradient_as_bucket_view", tier="core", component="ddp")
+def gradient_as_bucket_view(world: WorldLike, impl: Implementation) -> None:
+    """gradient_as_bucket_view=True makes every param.grad live in a DDP bucket buffer; False in none."""
+    for enabled in (True, False):
+        for rank, steps in enumerate(world.run(ranks.grad_bucket_aliasing, impl, enabled, 3)):
+            if isinstance(steps, NotDDP):
+                _not_a_ddp(world, steps.returned, "hold bucket views")
+            for step, inside in enumerate(steps, start=1):
+                assert all(v == enabled for v in inside), (
+                    f"gradient_as_bucket_view={enabled}: on rank {rank}, step {step}, param.grad inside a "
+                    f"bucket buffer per parameter: {inside}; expected all {enabled}"
+                )
+
+
+@check("ddp.static_graph", tier="core", component="ddp")
+def static_graph(world: WorldLike, impl: Implementation) -> None:
+    """static_graph=True is recorded by DDP (False by default), accepts checkpointing and an unused parameter."""
+    global_x = _global_batch(11, 2 * world.size)
+    results = world.run(ranks.static_graph_training, impl, global_x, 3)
+    for runs in results:
+        if isinstance(runs, NotDDP):
+            _not_a_ddp(world, runs.returned, "record static_graph")
+    for rank, runs in enumerate(results):
+        for setting, run in runs.items():
+            assert run["static_graph"] is True, (
+                f"{setting}: the DDP object's static_graph is {run['static_graph']!r} on rank {rank}, expected True"
+            )
+            assert run["default_static_graph"] is False, (
+                f"{setting}: with static_graph=False the DDP object's static_graph is "
+                f"{run['default_static_graph']!r} on rank {rank}, expected False"
+            )
+            assert_close_lists(
+                run["static"], run["dynamic"], f"{setting}, rank {rank}: static vs dynamic graph", TOLERANCE_TIGHT
+            )
+    for setting in results[0]:
+        assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
+
+
+def _check_recompute(
+    world: WorldLike, impl: Implementation, mode: bool | str, scopes: tuple[str, ...] = CHECKPOINT_SCOPES
+) -> None:
+    global_x = _global_batch(12, 2 * world.size)
+    results = world.run(ranks.checkpoint_recompute, impl, mode, list(scopes), global_x)
+    for rank, got in enumerate(results):
+        for scope in scopes:
+            run = got["scopes"][repr(scope)]
+            for block, (attn, mlp) in run["recomputed"].items():
+                selected, what = checkpoint_role(mode, got["trainable"][block], block.split(".")[0], scope)
+                ran_again = attn > 0 and mlp > 0
+                ran_never = attn == 0 and mlp == 0
+                assert ran_again if selected else ran_never, (
+                    f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: {block} ({what}) ran "
+                    f"attn {attn}x and mlp {mlp}x during backward; expected "
+                    + ("at least once each (recompute)" if selected else "no recompute")
+                )
+            assert_close_lists(
+                run["grads"],
+                got["plain_grads"],
+                f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: gradients vs no checkpointing",
+                TOLERANCE_TIGHT,
+            )
+
+
+@check("ddp.activation_checkpointing_full", tier="core", component="ddp")
+def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> None:
+    """Full checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
+    _check_recompute(world, impl, True)
+    _check_recompute(world, impl, "full", ("all", "language"))  # the same mode, spelled as a string
+
+
+@check("ddp.activation_checkpointing_off", tier="core", component="ddp")
+def activation_checkpointing_off(world: WorldLike, impl: Implementation) -> None:
+    """activation_checkpointing=False (the default) recomputes no block in backward, whatever the scope."""
+    _check_recompute(world, impl, False, ("all", "multimodal"))
+
+
+@check("ddp.activation_checkpointing_selective", tier="core", component="ddp")
+def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
+    """Selective checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
+    _check_recompute(world, impl, "selective")
+
+
+@check("ddp.autocast_dtype", tier="extended", component="ddp")
+def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
+    """autocast_dtype=bfloat16 makes a float32 model's wrapped output bfloat16; None leaves float32."""
+    for dtype, expected in ((torch.bfloat16, "torch.bfloat16"), (None, "torch.float32")):
+        for rank, got in enumerate(world.run(ranks.autocast_output_dtype, impl, dtype)):
+            assert got == expected, (
+                f"autocast_dtype={dtype}: rank {rank}'s wrapped output is {got}, expected {expected}"
+            )
+
+
+@check("ddp.contrastive_loss_equals_full_batch", tier="core", component="ddp")
+def contrastive_loss_equals_full_batch(world: WorldLike, impl: Implementation) -> None:
+    """A gathered InfoNCE loss under DDP gives the single-process full-batch gradient; ranks stay bit-identical."""
+
+    @settings(max_examples=_examples(5))
+    @given(seed=st.integers(0, 2**16), rows=st.integers(1, 3), dim=st.integers(1, 6))
+    def example(seed: int, rows: int, dim: int) -> None:
+        n = rows * world.size
+        x = _global_batch(seed, n, dim)
+        y = x + 0.1 * _global_batch(seed + 1, n, dim)
+        results = world.run(ranks.contrastive_identity, impl, x, y, 3, 0.1, 0.5)
+        for rank, got in enumerate(results):
+            what = f"rank {rank}: step-1 gradient vs full batch"
+            assert_close_lists(got["ddp"], got["reference"], what, TOLERANCE_TIGHT)
+            what = f"rank {rank}: parameters after 3 steps vs full batch"
+            assert_close_lists(got["params"], got["reference_params"], what, TOLERANCE_TIGHT)
+        assert_ranks_identical([got["params"] for got in results], "contrastive training")
+
+    example()
+
+
+@check("ddp.any_config_trains_like_one_process", tier="core", component="ddp")
+def any_config_trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
+    """For any valid DDPConfig (autocast aside), DDP training equals one process on the full batch; ranks agree."""
+
+    # autocast_dtype is extended (upstream does not apply it): the core property draws the other fields.
+    @settings(max_examples=_examples(4))
+    @given(config=ddp_configs(autocast_dtype=None), seed=st.integers(0, 2**16), rows=st.integers(1, 3))
+    def example(config: dict[str, Any], seed: int, rows: int) -> None:
+        global_x = _global_batch(seed, rows * world.size)
+        results = world.run(ranks.train_config, impl, config, global_x, 2)
+        tolerance = TOLERANCE_FLOAT64 if config.get("autocast_dtype") is None else TOLERANCE_BF16
+        for rank, got in enumerate(results):
+            assert_close_lists(
+                got["params"], got["reference"], f"config {config}, rank {rank}: DDP vs full batch", tolerance
+            )
+        assert_ranks_identical([got["params"] for got in results], f"config {config}")
+
+    example()

@@ -1,0 +1,131 @@
+"""What every DDP rank function shares: the entry point under test, seeded models, devices, copies back.
+
+:func:`parallelizer` hides whether the implementation's entry point is
+``DDPManager(config).parallelize(model)`` or ``parallelize_ddp(model,
+config)``. A rank function whose entry point did not return a DDP (upstream
+in a world of one rank) returns :class:`NotDDP`, and the parent decides
+whether that is not applicable or a failure. Inputs and reference copies
+follow the wrapped model's device (:func:`device_of`); tensors go back as
+CPU copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nemo_dist.conformance.target import Implementation
+
+__all__ = [
+    "FunctionEntryPoint",
+    "NotDDP",
+    "cpu_copy",
+    "ddp_device_ids",
+    "device_indices",
+    "device_of",
+    "grads_of",
+    "local_rows",
+    "parallelizer",
+    "params_of",
+    "seeded",
+    "sgd_step",
+    "square_loss",
+]
+
+
+@dataclass(frozen=True)
+class NotDDP:
+    """What a rank function returns when the entry point returned something else than DistributedDataParallel."""
+
+    #: The type name of what the entry point returned.
+    returned: str
+
+
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def seeded(factory: Callable[[], _M], seed: int, dtype: torch.dtype = torch.float64) -> _M:
+    """``factory()`` built under ``torch.manual_seed(seed)`` (the same weights on every rank), cast to ``dtype``."""
+    torch.manual_seed(seed)
+    return factory().to(dtype)
+
+
+class FunctionEntryPoint:
+    """``parallelize_ddp`` bound to a config, with the manager's ``parallelize(model)`` shape."""
+
+    def __init__(self, function: Callable[..., nn.Module], config: Any) -> None:
+        self._function = function
+        self.config = config
+
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        """``parallelize_ddp(model, config)``."""
+        return self._function(model, self.config)
+
+
+def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
+    """The implementation's entry point for a config of ``config_kwargs``: an object with ``parallelize(model)``."""
+    config = impl.module("config").DDPConfig(**config_kwargs)
+    module = impl.module("ddp")
+    if impl.resolved_ddp_api() == "DDPManager":
+        return module.DDPManager(config)
+    return FunctionEntryPoint(module.parallelize_ddp, config)
+
+
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter: where its inputs and reference copies go."""
+    return next(module.parameters()).device
+
+
+def ddp_device_ids(device: torch.device) -> list[torch.device] | None:
+    """``device_ids`` for a plain DDP on ``device``, as the contract's manager passes them."""
+    return [device] if device.type == "cuda" else None
+
+
+def device_indices(device_ids: Any) -> Any:
+    """DDP's ``device_ids`` as plain indices (DDP stores ints; a fork may keep devices); else as is."""
+    if not isinstance(device_ids, list):
+        return device_ids
+    return [d if isinstance(d, int) else torch.device(d).index for d in device_ids]
+
+
+def local_rows(global_batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """This rank's equal share of ``global_batch``'s rows, on ``device``."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rows = global_batch.shape[0] // size
+    return global_batch[rank * rows : (rank + 1) * rows].to(device)
+
+
+def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy of ``tensor`` (always a copy, never an alias of a bucket or parameter)."""
+    return tensor.detach().to("cpu", copy=True)
+
+
+def params_of(model: nn.Module) -> list[torch.Tensor]:
+    """CPU copies of ``model``'s parameters."""
+    return [cpu_copy(p) for p in model.parameters()]
+
+
+def grads_of(model: nn.Module) -> list[torch.Tensor | None]:
+    """CPU copies of ``model``'s gradients (None where a parameter has none)."""
+    return [None if p.grad is None else cpu_copy(p.grad) for p in model.parameters()]
+
+
+def sgd_step(model: nn.Module, lr: float) -> None:
+    """One plain SGD step, then the gradients cleared."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.sub_(lr * p.grad)
+            p.grad = None
+
+
+def square_loss(out: torch.Tensor) -> torch.Tensor:
+    """Mean of squares (computed in float32 for a bfloat16 output)."""
+    return out.float().square().mean() if out.dtype == torch.bfloat16 else out.square().mean()

@@ -1,0 +1,72 @@
+"""What the DDP checks expect: the layer groups each scope selects, the tolerances, and how results are compared.
+
+Shared by the hand-made DDP checks (:mod:`~nemo_dist.conformance.ddp.checks`)
+and the real-model checks (:mod:`~nemo_dist.conformance.real_models.checks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CHECKPOINT_SCOPES",
+    "EXPECTED_GROUPS",
+    "TOLERANCE_BF16",
+    "TOLERANCE_FLOAT64",
+    "TOLERANCE_TIGHT",
+    "assert_close_lists",
+    "assert_ranks_identical",
+    "checkpoint_role",
+]
+
+#: Scopes the checkpointing check runs, and the layer groups each selects.
+EXPECTED_GROUPS: dict[str, set[str]] = {
+    "all": {"language", "vision", "audio"},
+    "language": {"language"},
+    "vision": {"vision"},
+    "audio": {"audio"},
+    "multimodal": {"vision", "audio"},
+    "language,vision": {"language", "vision"},
+}
+CHECKPOINT_SCOPES = tuple(EXPECTED_GROUPS)
+
+#: DDP vs one process on the full batch, float64 models (reduction order differs).
+TOLERANCE_FLOAT64 = {"atol": 1e-10, "rtol": 1e-10}
+#: The same under bf16 autocast (8-bit mantissa: ~4e-3 relative per op, 2 steps).
+TOLERANCE_BF16 = {"atol": 1e-2, "rtol": 1e-2}
+#: Two computations that should agree but for summation order (one process, float64).
+TOLERANCE_TIGHT = {"atol": 1e-12, "rtol": 1e-12}
+
+
+def assert_close_lists(actual: list[Any], expected: list[Any], what: str, tolerance: dict[str, float]) -> None:
+    """Assert two lists of tensors (None allowed) agree within ``tolerance``; messages start with ``what``."""
+    assert len(actual) == len(expected), f"{what}: {len(actual)} tensors, expected {len(expected)}"
+    for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        if a is None or e is None:
+            assert a is e, f"{what}: tensor {index} is {a!r}, expected {e!r}"
+            continue
+        try:
+            torch.testing.assert_close(a, e, atol=tolerance["atol"], rtol=tolerance["rtol"])
+        except AssertionError as error:
+            raise AssertionError(f"{what}, tensor {index}: {error}") from None
+
+
+def assert_ranks_identical(per_rank: list[list[torch.Tensor]], what: str) -> None:
+    """Assert every rank's tensors equal rank 0's bit for bit (DDP keeps replicas identical)."""
+    for rank, tensors in enumerate(per_rank[1:], start=1):
+        for index, (a, b) in enumerate(zip(tensors, per_rank[0], strict=True)):
+            assert torch.equal(a, b), (
+                f"{what}: parameter {index} on rank {rank} differs from rank 0 "
+                f"(max |diff| {(a - b).abs().max().item():.3g}); DDP ranks must stay bit-identical"
+            )
+
+
+def checkpoint_role(mode: bool | str, trainable: bool, group: str, scope: str) -> tuple[bool, str]:
+    """Whether checkpointing in ``mode`` with ``scope`` selects a block of ``group``, and how failures name it."""
+    if mode and trainable and group in EXPECTED_GROUPS[scope]:
+        return True, "a selected trainable block"
+    if not mode:
+        return False, "a block, with checkpointing off"
+    return False, "a frozen block" if not trainable else "an unselected block"

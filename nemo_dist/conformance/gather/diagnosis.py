@@ -1,0 +1,259 @@
+"""Name the likely cause of a failing gather check by re-running its shrunk example in variants.
+
+A shrunk example says *that* the gather is wrong; the variants say *how*:
+
+- the same example with contiguous tensors: when it passes, the bug is
+  "wrong only for non-contiguous upstream gradients" (or inputs);
+- distinctive upstream gradients (each rank's rows carry their own powers of
+  two), so the gradient each rank got can be matched against the classic
+  mistakes: its own slice only (no cross-rank sum), the sum times W, the
+  mean, another rank's slice or the reversed order;
+- for a subgroup failure, the same data in the whole world: when that
+  passes, the bug is "wrong only inside a subgroup", and a gradient (or an
+  IndexError) that follows the global rank names the mix-up;
+- for a forward failure, inputs whose rows name their rank, so the output
+  tells which ranks are missing, repeated or out of order, or that the dtype
+  changed.
+
+Every function returns one line, or "" when the evidence names nothing. A
+variant that fails in another way (raises, hangs) counts as no evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from nemo_dist.conformance.deadlines import StepAborted, StepBroke
+from nemo_dist.conformance.gather import ranks as ranks
+from nemo_dist.conformance.gather.oracle import expected_grads, offsets, upstream_for_loss
+from nemo_dist.conformance.registry import WorldLike
+from nemo_dist.conformance.target import Implementation
+
+__all__ = ["CAUSES", "backward_cause", "forward_cause", "group_cause"]
+
+#: The causes this module can name (the first words of each line it returns).
+CAUSES = {
+    "own": "no cross-rank sum (each rank keeps only its own loss's gradient)",
+    "times_w": "scaled by W (the summed gradient is multiplied by the world size)",
+    "mean": "mean instead of sum (the summed gradient is divided by the world size)",
+    "reversed": "rank order reversed",
+    "noncontiguous_grad": "wrong only for non-contiguous upstream gradients (it passes when they are contiguous)",
+    "noncontiguous_input": "wrong only for non-contiguous inputs (it passes when they are contiguous)",
+    "subgroup_global_rank": "wrong only inside a subgroup (global rank used where the group rank belongs)",
+    "subgroup_group_rank": "wrong only inside a subgroup (a group rank used where a global rank belongs)",
+    "subgroup": "wrong only inside a subgroup (it passes in the whole world)",
+}
+
+
+def _attempt(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None when it raises or hangs (no evidence either way)."""
+    try:
+        return fn()
+    except (Exception, StepAborted):
+        return None
+
+
+def _close(actual: Any, candidate: torch.Tensor) -> bool:
+    """Equal shapes and values within a few rounding errors of ``actual``'s dtype (the fork computes in it)."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != candidate.shape:
+        return False
+    eps = torch.finfo(actual.dtype).eps if actual.dtype.is_floating_point else 0.0
+    return bool(torch.allclose(actual.double(), candidate.double(), rtol=8 * eps, atol=1e-12))
+
+
+def _distinct_grads(size: int, out_shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Rank s's upstream gradient: row i holds 2**s * (i + 1), so every linear mix-up is visible."""
+    rows = torch.arange(1, out_shape[0] + 1, dtype=torch.float64).reshape(-1, *([1] * (len(out_shape) - 1)))
+    return [(2.0**s * rows).expand(out_shape).to(dtype).clone() for s in range(size)]
+
+
+def _grads_correct(got: Sequence[Any], expected: Sequence[torch.Tensor]) -> bool:
+    return all(_close(g, e) for g, e in zip(got, expected, strict=True))
+
+
+def _run_backward(
+    world: WorldLike, impl: Implementation, inputs: Sequence[torch.Tensor], layout: str,
+    grads: Sequence[torch.Tensor], grad_layout: str, loss: str, prefix: int,
+) -> list[Any] | None:
+    results = _attempt(lambda: world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix))
+    return None if results is None else [r["grad"] for r in results]
+
+
+def _formula(got: Sequence[Any], grads: Sequence[torch.Tensor], rows: Sequence[int]) -> str:
+    """Match per-rank gradients against the classic mistakes on distinctive upstream gradients."""
+    size = len(rows)
+    expected = expected_grads(grads, rows)
+    starts = offsets(rows)
+    own = [grads[r][starts[r] : starts[r + 1]] for r in range(size)]
+    for key, candidate in (
+        ("own", own),
+        ("times_w", [e.double() * size for e in expected]),
+        ("mean", [e.double() / size for e in expected]),
+    ):
+        if all(_close(g, c) for g, c in zip(got, candidate, strict=True)):
+            return CAUSES[key]
+    sources: list[int] = []
+    for r in range(size):
+        matching = [q for q in range(size) if rows[q] == rows[r] and _close(got[r], expected[q])]
+        if len(matching) != 1:
+            return ""
+        sources.append(matching[0])
+    if sources == list(range(size)):
+        return ""
+    if sources == list(reversed(range(size))):
+        return f"{CAUSES['reversed']} (rank r gets the gradient rows of rank W-1-r)"
+    pairs = ", ".join(f"rank {r} gets rank {q}'s" for r, q in enumerate(sources) if q != r)
+    return f"another rank's slice ({pairs} gradient rows)"
+
+
+def backward_cause(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:
+    """The likely cause of a failing backward example (keys: ``_gather_ranks.backward``'s arguments, shape, dtype)."""
+    size = world.size
+    if size < 2:
+        return ""
+    shape, dtype = tuple(example["shape"]), example["dtype"]
+    inputs, layout = example["inputs"], example["layout"]
+    grads, grad_layout = example["grads"], example["grad_layout"]
+    loss, prefix = example["loss"], example.get("prefix", 0)
+    rows = [shape[0]] * size
+    out_shape = (size * shape[0], *shape[1:])
+    noncontiguous_grad = grad_layout != "contiguous" or loss == "sum"
+    if noncontiguous_grad:
+        upstream = [g.contiguous() for g in upstream_for_loss(grads, loss, prefix, out_shape, dtype)]
+        got = _run_backward(world, impl, inputs, layout, upstream, "contiguous", "direct", 0)
+        if got is not None and _grads_correct(got, expected_grads(upstream, rows)):
+            return CAUSES["noncontiguous_grad"]
+    if layout != "contiguous":
+        upstream = upstream_for_loss(grads, loss, prefix, out_shape, dtype)
+        got = _run_backward(world, impl, inputs, "contiguous", grads, grad_layout, loss, prefix)
+        if got is not None and _grads_correct(got, expected_grads(upstream, rows)):
+            return CAUSES["noncontiguous_input"]
+    variant_shape = (max(shape[0], 1), *shape[1:])
+    variant_rows = [variant_shape[0]] * size
+    variant_out = (size * variant_shape[0], *variant_shape[1:])
+    distinct = _distinct_grads(size, variant_out, dtype)
+    zeros = [torch.zeros(variant_shape, dtype=dtype) for _ in range(size)]
+    got = _run_backward(world, impl, zeros, "contiguous", distinct, "contiguous", "direct", 0)
+    return "" if got is None else _formula(got, distinct, variant_rows)
+
+
+def group_cause(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:
+    """The likely cause of a failing subgroup example (keys: shape, dtype, partition)."""
+    size = world.size
+    shape, dtype, partition = tuple(example["shape"]), example["dtype"], example["partition"]
+    shape = (max(shape[0], 1), *shape[1:])
+    zeros = [torch.zeros(shape, dtype=dtype) for _ in range(size)]
+    whole = _distinct_grads(size, (size * shape[0], *shape[1:]), dtype)
+    got = _run_backward(world, impl, zeros, "contiguous", whole, "contiguous", "direct", 0)
+    if got is None or not _grads_correct(got, expected_grads(whole, [shape[0]] * size)):
+        return ""
+    grads: list[torch.Tensor] = [torch.empty(0)] * size
+    for members in partition:
+        per_group = _distinct_grads(len(members), (len(members) * shape[0], *shape[1:]), dtype)
+        for position, r in enumerate(members):
+            grads[r] = per_group[position]
+    return CAUSES[_rank_mixup(world, impl, zeros, grads, partition, shape[0]) or "subgroup"]
+
+
+def _rank_mixup(
+    world: WorldLike, impl: Implementation, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+    partition: Sequence[Sequence[int]], rows: int,
+) -> str:
+    """Which rank mix-up the subgroup results show: a ``CAUSES`` key, or "" when they show none.
+
+    "subgroup_global_rank": a member whose global rank is not its group rank
+    got the global rank's slice, or an IndexError. "subgroup_group_rank":
+    torch refused a rank as "not part of group" (a group rank passed where
+    torch wants a global one).
+    """
+    from nemo_dist.testing import RankFailure
+
+    got: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    try:
+        results = world.run(ranks.grouped, impl, inputs, grads, partition)
+        got = {r: result["grad"] for r, result in enumerate(results)}
+    except RankFailure as exc:
+        got = {r: result["grad"] for r, result in exc.returned.items()}
+        failures = exc.failures
+    except StepBroke as exc:
+        got = {r: result["grad"] for r, result in exc.failure.returned.items()}
+        failures = exc.failure.failures
+    except (Exception, StepAborted):
+        return ""
+    if failures and all("is not part of group" in text for text in failures.values()):
+        return "subgroup_group_rank"
+    witnessed = False
+    for members in partition:
+        expected = expected_grads([grads[m] for m in members], [rows] * len(members))
+        for position, r in enumerate(members):
+            if r == position:
+                continue
+            if r in failures:
+                if "IndexError" in failures[r]:
+                    witnessed = True
+                elif " did not answer within " not in failures[r]:
+                    return ""
+            elif r < len(members) and _close(got.get(r), expected[r]):
+                witnessed = True
+            elif not _close(got.get(r), expected[position]):
+                return ""
+    return "subgroup_global_rank" if witnessed else ""
+
+
+def forward_cause(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:
+    """The likely cause of a failing forward example (keys: dtype, layout, inputs, no_grad, outputs)."""
+    dtype = example["dtype"]
+    outputs = example.get("outputs") or []
+    changed = sorted({str(o.dtype) for o in outputs if isinstance(o, torch.Tensor) and o.dtype != dtype})
+    if changed:
+        return f"dtype changed ({dtype} in, {', '.join(changed)} out)"
+    size = world.size
+    if size < 2:
+        return ""
+    shape = (2, 3)
+    inputs = [torch.full(shape, 100.0 * (r + 1)) + torch.arange(shape[0]).reshape(-1, 1) for r in range(size)]
+    results = _attempt(
+        lambda: world.run(ranks.forward, impl, inputs, "contiguous", no_grad=example["no_grad"], requires_grad=False)
+    )
+    if results is None:
+        return ""
+    sources = _row_sources(results[0]["out"], inputs)
+    if sources is None:
+        return ""
+    if sources == list(range(size)):
+        if example["layout"] != "contiguous":
+            return CAUSES["noncontiguous_input"]
+        return ""
+    if sources == list(reversed(range(size))):
+        return f"{CAUSES['reversed']} (the output holds rank W-1's rows first)"
+    missing = [r for r in range(size) if r not in sources]
+    repeated = sorted({r for r in sources if sources.count(r) > 1})
+    if missing and not repeated and sources == [r for r in range(size) if r not in missing]:
+        return f"rank {', '.join(map(str, missing))}'s rows missing from the output"
+    parts = [f"ranks in the output: {sources}"]
+    if missing:
+        parts.append(f"missing {missing}")
+    if repeated:
+        parts.append(f"repeated {repeated}")
+    return "ranks out of order (" + "; ".join(parts) + ")"
+
+
+def _row_sources(out: Any, inputs: Sequence[torch.Tensor]) -> list[int] | None:
+    """The rank each block of rows of ``out`` came from, or None when a block matches no rank's input."""
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[1:] != inputs[0].shape[1:]:
+        return None
+    n = inputs[0].shape[0]
+    if out.shape[0] % n:
+        return None
+    sources = []
+    for start in range(0, out.shape[0], n):
+        block = out[start : start + n].double()
+        match = [r for r, x in enumerate(inputs) if torch.equal(block, x.double())]
+        if len(match) != 1:
+            return None
+        sources.append(match[0])
+    return sources

@@ -1,0 +1,122 @@
+"""What the gather checks share: drawing examples, exact comparison, and the likely-cause hook.
+
+Each gather check draws its inputs in the parent with hypothesis, in a fixed
+order (so examples shrink alike), runs rank functions of
+:mod:`nemo_dist.conformance.gather.ranks` and compares bit for bit with
+:func:`assert_same`. A check wrapped in :func:`diagnosed` re-runs its shrunk
+example in variants when it fails and attaches the likely cause
+(:mod:`~nemo_dist.conformance.gather.diagnosis`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import unittest
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hypothesis import strategies as st
+
+from nemo_dist.conformance.deadlines import StepAborted, StepHung
+from nemo_dist.conformance.gather.ranks import same_bits
+from nemo_dist.conformance.registry import WorldLike
+from nemo_dist.conformance.target import NotApplicable, NotSupported
+from nemo_dist.testing import strategies as ds
+
+__all__ = [
+    "LastFailure",
+    "assert_same",
+    "diagnosed",
+    "draw_laid_out_inputs",
+    "draw_shape_and_dtype",
+    "draw_upstream_grads",
+    "error_rows",
+    "require_no_group",
+]
+
+
+class LastFailure:
+    """The data of the last failing example of one check run, for the likely-cause diagnosis.
+
+    Hypothesis replays the shrunk example last, so after the property fails
+    this holds the example the verdict shows.
+    """
+
+    def __init__(self) -> None:
+        self.example: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def record(self, **example: Any) -> Iterator[None]:
+        """Remember ``example`` if the body raises (then re-raise)."""
+        try:
+            yield
+        except BaseException:
+            self.example = example
+            raise
+
+
+def diagnosed(prop: Callable[[], None], last: LastFailure, cause: Callable[[dict[str, Any]], str]) -> None:
+    """Run ``prop``; when it fails, attach ``cause(example)`` of its last failing example as ``likely_cause``."""
+    try:
+        prop()
+    except (Exception, StepAborted) as exc:
+        # A hang is its own verdict: re-running the example would only hang again.
+        if last.example is not None and not isinstance(exc, (NotSupported, NotApplicable, StepHung)):
+            try:
+                found = cause(last.example)
+            except (Exception, StepAborted):
+                found = ""
+            if found:
+                exc.likely_cause = found  # type: ignore[union-attr]
+        raise
+
+
+def assert_same(got: Any, expected: torch.Tensor, what: str) -> None:
+    """Assert ``got`` is a tensor of ``expected``'s dtype, shape and bits; messages start with ``what``."""
+    assert isinstance(got, torch.Tensor), f"{what}: got {got!r}, expected a tensor"
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype}, expected {expected.dtype}"
+    assert tuple(got.shape) == tuple(expected.shape), (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    )
+    assert same_bits(got, expected), f"{what}: values differ\ngot\n{got}\nexpected\n{expected}"
+
+
+def error_rows(results: Sequence[tuple[str, str]]) -> str:
+    """One line per rank: the error type and message each rank got."""
+    return "\n".join(f"  rank {r}: {kind}: {message}" for r, (kind, message) in enumerate(results))
+
+
+def draw_shape_and_dtype(
+    data: st.DataObject, dtypes: st.SearchStrategy[torch.dtype]
+) -> tuple[tuple[int, ...], torch.dtype]:
+    """Draw a shape, then a dtype of ``dtypes``."""
+    shape = data.draw(ds.shapes(), label="shape")
+    return shape, data.draw(dtypes, label="dtype")
+
+
+def draw_laid_out_inputs(
+    data: st.DataObject, world: WorldLike, dtypes: st.SearchStrategy[torch.dtype], values: ds.Values = "integers"
+) -> tuple[tuple[int, ...], torch.dtype, str, list[torch.Tensor]]:
+    """Draw shape, dtype, memory layout and every rank's input, in that order (so examples shrink alike)."""
+    shape, dtype = draw_shape_and_dtype(data, dtypes)
+    layout = data.draw(ds.layouts(shape), label="layout")
+    inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, values=values), label="inputs")
+    return shape, dtype, layout, inputs
+
+
+def draw_upstream_grads(
+    data: st.DataObject, world: WorldLike, shape: tuple[int, ...], dtype: torch.dtype
+) -> tuple[tuple[int, ...], list[torch.Tensor], str]:
+    """Draw every rank's upstream gradient for the gathered shape and its layout; return them with that shape."""
+    out_shape = (world.size * shape[0], *shape[1:])
+    grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
+    grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
+    return out_shape, grads, grad_layout
+
+
+def require_no_group() -> None:
+    """Skip (``unittest.SkipTest``) when this process is a rank of a world: the check needs one without a group."""
+    if dist.is_available() and dist.is_initialized():
+        raise unittest.SkipTest("this process is a rank of a world (torchrun); the check needs one without a group")

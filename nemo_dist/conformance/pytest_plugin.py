@@ -1,0 +1,183 @@
+"""The pytest front end: ``pytest conformance/ --conformance-gather MODULE ...``.
+
+Loaded by ``conformance/conftest.py``. Every registered check becomes one
+test per world size of ``--dist-world-sizes`` (default 1,2,3,4), run in the
+nemo_dist plugin's session worlds; a check that needs no process group is one
+test, and a ddp check one test per entry point the module defines (the
+registry's :func:`~nemo_dist.conformance.registry.cases`, as the command runs
+them). Options: ``--conformance-gather/-ddp/-config MODULE`` (naming any
+checks only those components; naming none checks the bundled ones),
+``--conformance-gather-fn MODULE:NAME`` (one all-gather callable, with
+``--conformance-no-grad-fn`` and ``--conformance-gather-form``),
+``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
+``--conformance-max-examples`` and ``--conformance-backend`` (gloo, nccl).
+
+A check the implementation does not support, or that does not apply to what
+it did, is skipped with the reason; a failure shows hypothesis's shrunk
+example and the likely cause; a step past its adaptive deadline fails as a
+hang at once. Warnings raised inside a check are listed in pytest's warnings
+summary, never failures (a fork's DeprecationWarning, say).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from nemo_dist.conformance.deadlines import Deadlines
+    from nemo_dist.conformance.target import Implementation
+    from nemo_dist.testing.plugin import WorldFactory
+
+__all__ = ["check_holds", "implementation", "option_name"]
+
+
+def option_name(field: str) -> str:
+    """This front end's option for an implementation field: ``gather_fn`` -> ``--conformance-gather-fn``."""
+    return "--conformance-" + field.replace("_", "-")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the ``--conformance-*`` options."""
+    group = parser.getgroup("conformance", "nemo_dist conformance of an implementation")
+    for component, names in (
+        ("gather", "all_gather_with_grad and all_gather_no_grad"),
+        ("ddp", "DDPManager"),
+        ("config", "DDPConfig"),
+    ):
+        group.addoption(f"--conformance-{component}", metavar="MODULE", help=f"module with {names}")
+    group.addoption(
+        "--conformance-gather-fn",
+        metavar="MODULE:NAME",
+        help="one all-gather callable (function or autograd Function) instead of a gather module",
+    )
+    group.addoption(
+        "--conformance-no-grad-fn", metavar="MODULE:NAME", help="the no-grad counterpart of --conformance-gather-fn"
+    )
+    group.addoption(
+        "--conformance-gather-form", default="auto", help="output form of the callable: auto, cat, tuple, stacked"
+    )
+    group.addoption("--conformance-preset", metavar="NAME", help="named module layout (nemo_dist, nemo_automodel)")
+    group.addoption("--conformance-tier", default="all", help="core, extended or all (default all)")
+    group.addoption(
+        "--conformance-max-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hypothesis examples per check (default: the active hypothesis profile's)",
+    )
+    group.addoption("--conformance-backend", default="gloo", help="gloo or nccl (default gloo)")
+
+
+def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ...]]:
+    """The ``Implementation`` the options name and the components to check.
+
+    Named components are checked, the bundled modules serve the others; a
+    preset names all three; naming nothing checks the bundled modules.
+    Raises ``pytest.UsageError`` saying how to fix a bad option.
+    """
+    from nemo_dist.conformance.target import OptionError, resolve_implementation, validate_implementation
+
+    try:
+        impl, checked = resolve_implementation(
+            gather=config.getoption("--conformance-gather"),
+            ddp=config.getoption("--conformance-ddp"),
+            config=config.getoption("--conformance-config"),
+            preset=config.getoption("--conformance-preset"),
+            gather_fn=config.getoption("--conformance-gather-fn"),
+            no_grad_fn=config.getoption("--conformance-no-grad-fn"),
+            gather_form=config.getoption("--conformance-gather-form"),
+        )
+        validate_implementation(impl)
+    except OptionError as exc:
+        raise pytest.UsageError(exc.worded(option_name)) from None
+    return impl, checked
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Validate the options early, so a bad module is a usage error before collection."""
+    from nemo_dist.conformance.registry import TIERS
+
+    if config.getoption("--conformance-tier") not in TIERS:
+        raise pytest.UsageError(f"--conformance-tier expects one of {', '.join(TIERS)}")
+    if config.getoption("--conformance-backend") not in ("gloo", "nccl"):
+        raise pytest.UsageError("--conformance-backend expects gloo or nccl")
+    implementation(config)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``conformance_case`` over the registry's cases that run (``gather.x-w2``, ``config.y``)."""
+    if "conformance_case" not in metafunc.fixturenames:
+        return
+    from nemo_dist.conformance import load_checks
+    from nemo_dist.conformance.registry import cases, select_checks
+    from nemo_dist.testing.plugin import selected_world_sizes
+
+    config = metafunc.config
+    impl, checked = implementation(config)
+    checks = select_checks(load_checks().values(), impl, config.getoption("--conformance-tier"), None, checked)
+    params = [
+        pytest.param(case, id=case.name if case.world_size == 0 else f"{case.name}-w{case.world_size}")
+        for case in cases(checks, impl, selected_world_sizes(config))
+        if case.applies and case.impl is not None
+    ]
+    metafunc.parametrize("conformance_case", params)
+
+
+@pytest.fixture(scope="session")
+def conformance_impl(pytestconfig: pytest.Config) -> Implementation:
+    """The implementation under test, as the ``--conformance-*`` options name it."""
+    return implementation(pytestconfig)[0]
+
+
+@pytest.fixture(scope="session")
+def conformance_deadlines(pytestconfig: pytest.Config) -> Deadlines:
+    """Adaptive step deadlines shared by the session, capped by ``--dist-timeout``."""
+    from nemo_dist.conformance.deadlines import Deadlines
+    from nemo_dist.testing.plugin import world_timeout
+
+    return Deadlines(world_timeout(pytestconfig))
+
+
+def check_holds(
+    case: Any, world_factory: WorldFactory, deadlines: Deadlines, config: pytest.Config
+) -> None:
+    """Run one registry case as a pytest test: pass, skip with the reason, or fail with example and cause."""
+    from nemo_dist.conformance.deadlines import DeadlineWorld, StepAborted, StepHung
+    from nemo_dist.conformance.profile import hypothesis_settings
+    from nemo_dist.conformance.target import NotApplicable
+    from nemo_dist.conformance.verdicts import is_not_supported
+
+    world: Any = None
+    if case.world_size:
+        world = DeadlineWorld(world_factory(case.world_size, config.getoption("--conformance-backend")), deadlines)
+    # As in the command, warnings the implementation raises are notes (pytest's warnings summary), not failures.
+    max_examples = config.getoption("--conformance-max-examples")
+    with warnings.catch_warnings(), hypothesis_settings(max_examples, database=True):
+        warnings.simplefilter("default")
+        try:
+            case.check(world, case.impl)
+        except NotApplicable as exc:
+            pytest.skip(f"not applicable: {exc}")
+        except StepHung as hung:
+            pytest.fail(f"HANG: {hung.deadline_note}\nHung step: {hung.call}\n{hung}", pytrace=False)
+        except StepAborted as broke:
+            pytest.fail(f"Failing step (not shrunk: it left ranks stuck or dead): {broke.call}\n{broke}", pytrace=False)
+        except Exception as exc:
+            if is_not_supported(exc):
+                pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
+            cause = getattr(exc, "likely_cause", "")
+            if cause:
+                _add_note(exc, f"Likely cause: {cause}")
+            raise
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python 3.11+), or the same ``__notes__`` that pytest shows, before it."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]

@@ -1,0 +1,228 @@
+"""The registry: the one list of conformance checks, and what each suite adds to a run.
+
+The command, ``pytest conformance/`` and the project's tests all expand it the
+same way, through :func:`cases`.
+
+A check is a parent-side function ``fn(world, impl)``: it draws inputs with
+hypothesis, runs rank-side functions through ``world.run`` and asserts on the
+per-rank results.  It raises ``AssertionError`` (or the harness's errors) when
+the implementation breaks the contract, ``NotSupported`` when the
+implementation lacks what the check needs, and ``NotApplicable`` when the
+check cannot apply to what the implementation did.  A check registered with
+``needs_world=False`` runs once, in the parent, with ``world`` None.  A ddp
+check runs once per DDP entry point it exercises (``ddp_apis``) that the
+module defines.
+
+``world`` is anything with ``size``, ``backend`` and ``run(fn, *args, **kwargs)``
+returning per-rank results in rank order: a ``nemo_dist.testing.World``, or
+the in-world adapter used under torchrun.
+
+A suite (one subpackage per component) registers its checks with
+:func:`check` and, with :func:`register_suite`, what a run needs besides them:
+a rank-side function run when a world starts, and a parent-side step run once
+per world before the checks (the gather suite detects a callable's output form
+there). The engine calls these without importing any suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from nemo_dist.conformance.target import DDP_APIS, Implementation, checked_components
+
+__all__ = [
+    "CHECKS",
+    "SUITES",
+    "TIERS",
+    "Case",
+    "Check",
+    "Suite",
+    "WorldLike",
+    "cases",
+    "check",
+    "register_suite",
+    "select_checks",
+]
+
+Tier = Literal["core", "extended"]
+
+#: Accepted values of ``tier`` when selecting checks.
+TIERS: tuple[str, ...] = ("core", "extended", "all")
+Component = Literal["gather", "ddp", "config"]
+
+
+class WorldLike(Protocol):
+    """What a check needs of a world."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named property of the contract, runnable against any implementation."""
+
+    name: str
+    tier: Tier
+    component: Component
+    fn: Callable[[Any, Implementation], None]
+    min_world: int = 1
+    max_world: int | None = None
+    #: False: the check needs no process group and runs once, in the parent.
+    needs_world: bool = True
+    #: For ddp checks: the entry points it exercises (each one the module defines gets a run).
+    ddp_apis: tuple[str, ...] = DDP_APIS
+
+    @property
+    def description(self) -> str:
+        """The first line of the check function's docstring."""
+        return (self.fn.__doc__ or self.name).strip().splitlines()[0]
+
+    def applies_to(self, world_size: int) -> bool:
+        """Whether this check runs in a world of ``world_size`` ranks (a world-less check: in none)."""
+        if not self.needs_world:
+            return False
+        return world_size >= self.min_world and (self.max_world is None or world_size <= self.max_world)
+
+    def variants(self, impl: Implementation) -> list[tuple[str, Implementation]]:
+        """``(name, implementation)`` for each run of this check against ``impl``.
+
+        One run for gather and config checks; a ddp check runs once per entry
+        point of its ``ddp_apis`` that the module defines, named
+        ``check[api]`` and pinned to that API. Empty when the module defines none of them.
+        """
+        if self.component != "ddp":
+            return [(self.name, impl)]
+        return [(f"{self.name}[{api}]", impl.with_ddp_api(api)) for api in impl.ddp_apis() if api in self.ddp_apis]
+
+    def __call__(self, world: WorldLike | None, impl: Implementation) -> None:
+        self.fn(world, impl)
+
+
+#: Every registered check by name, in registration order.
+CHECKS: dict[str, Check] = {}
+
+
+def check(
+    name: str,
+    *,
+    tier: Tier,
+    component: Component,
+    min_world: int = 1,
+    max_world: int | None = None,
+    needs_world: bool = True,
+    ddp_apis: tuple[str, ...] = DDP_APIS,
+) -> Callable[[Callable[[Any, Implementation], None]], Check]:
+    """Register the decorated function as the check ``name``; returns the ``Check``.
+
+    Names are unique (a second registration raises ``ValueError``).
+    """
+
+    def register(fn: Callable[[Any, Implementation], None]) -> Check:
+        if name in CHECKS:
+            raise ValueError(f"conformance check {name!r} is registered twice")
+        CHECKS[name] = Check(name, tier, component, fn, min_world, max_world, needs_world, ddp_apis)
+        return CHECKS[name]
+
+    return register
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of a check: its name (``check[api]`` for a ddp entry point), the pinned implementation, a world size.
+
+    ``world_size`` is 0 for a check that needs no process group. ``applies``
+    says whether the check runs in a world of that size (the runner reports
+    the others as not applicable). ``impl`` is None when the implementation
+    defines none of the entry points the check exercises (``missing`` says so).
+    """
+
+    name: str
+    check: Check
+    impl: Implementation | None
+    world_size: int
+    applies: bool = True
+    missing: str = ""
+
+
+def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[int]) -> list[Case]:
+    """Every run of ``checks`` against ``impl``: per check, per variant, per world size, in that order.
+
+    A check that needs no process group gives one case of world size 0; any
+    other check one case per size of ``world_sizes`` (``applies`` False where
+    its range excludes the size). A ddp check runs once per entry point the
+    module defines; where it defines none of the check's, one case per size
+    with ``impl`` None and the reason in ``missing``.
+    """
+    found: list[Case] = []
+    for c in checks:
+        sizes = [0] if not c.needs_world else list(world_sizes)
+        variants = c.variants(impl)
+        if not variants:
+            reason = f"{impl.ddp} defines none of {', '.join(c.ddp_apis)}"
+            found += [Case(c.name, c, None, size, c.applies_to(size), reason) for size in sizes]
+            continue
+        for name, variant in variants:
+            found += [Case(name, c, variant, size, size == 0 or c.applies_to(size)) for size in sizes]
+    return found
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What a component's suite adds to a run besides its checks.
+
+    ``world_setup``: a rank-side function run on every rank when a world
+    starts (its first imports paid in the background), used when a check of
+    the suite that needs a world is selected. ``prepare``: a parent-side step
+    ``prepare(world, impl, notes) -> impl`` run once per world before the
+    checks, which may refine the implementation (and add notes to the report).
+    """
+
+    component: str
+    world_setup: Callable[[], None] | None = None
+    prepare: Callable[[Any, Implementation, list[str]], Implementation] | None = None
+
+
+#: The registered suites by component.
+SUITES: dict[str, Suite] = {}
+
+
+def register_suite(suite: Suite) -> Suite:
+    """Register ``suite`` for its component (a second registration of a component replaces the first)."""
+    SUITES[suite.component] = suite
+    return suite
+
+
+def select_checks(
+    checks: Iterable[Check],
+    impl: Implementation,
+    tier: str = "all",
+    select: str | None = None,
+    components: Iterable[str] | None = None,
+) -> list[Check]:
+    """The checks of ``tier`` and of the checked components, in the given order.
+
+    ``tier`` is "core", "extended" or "all"; ``select`` keeps only checks whose
+    name contains it ("not TEXT": only those whose name does not);
+    ``components`` defaults to those ``impl`` names (not ``None``). Raises
+    ``ValueError`` for an unknown tier.
+    """
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {', '.join(TIERS)}; got {tier!r}")
+    wanted = set(checked_components(impl) if components is None else components)
+    return [c for c in checks if (tier == "all" or c.tier == tier) and c.component in wanted and _selected(c, select)]
+
+
+def _selected(check: Check, select: str | None) -> bool:
+    if not select:
+        return True
+    if select.startswith("not "):
+        return select[4:].strip() not in check.name
+    return select in check.name

@@ -1,0 +1,237 @@
+"""Render a conformance :class:`~nemo_dist.conformance.verdicts.Report`: the text table and JUnit XML."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from nemo_dist.conformance.target import COMPONENTS
+from nemo_dist.conformance.verdicts import Outcome, Report, Verdict
+
+__all__ = ["format_progress", "format_report", "junit_xml", "write_junit_xml"]
+
+#: Lines of each failure message shown under "Failures".
+MESSAGE_LINES = 10
+
+_LABELS = {
+    "pass": "PASS",
+    "fail": "FAIL",
+    "hang": "HANG",
+    "not applicable": "NOT APPLICABLE",
+    "not supported": "NOT SUPPORTED",
+    "skipped": "SKIPPED",
+}
+
+#: Summary words per outcome, in the order the summary line lists them.
+_SUMMARY: tuple[tuple[Outcome, str], ...] = (
+    ("pass", "passed"),
+    ("fail", "failed"),
+    ("hang", "hung"),
+    ("not applicable", "not applicable"),
+    ("not supported", "not supported"),
+    ("skipped", "skipped"),
+)
+
+
+def _label(v: Verdict, strict: bool) -> str:
+    label = _LABELS[v.outcome]
+    if v.failed and v.tier != "core" and not strict:
+        return f"{label} (extended)"
+    return label
+
+
+def _reason_text(message: str) -> str:
+    """The first line of a reason, without the exception name that carried it."""
+    line = _first_line(message)
+    for prefix in ("NotApplicable: ", "NotSupported: ", "SkipTest: "):
+        line = line.removeprefix(prefix)
+    return line
+
+
+def _world(v: Verdict) -> str:
+    return "-" if v.world_size == 0 else str(v.world_size)
+
+
+def _where(v: Verdict) -> str:
+    return "no process group" if v.world_size == 0 else f"world size {v.world_size}"
+
+
+def _short(verdicts: list[Verdict]) -> str:
+    """``check (w1, w2)`` for verdicts of one check (no sizes for a check without a world)."""
+    sizes = ", ".join(f"w{v.world_size}" for v in verdicts if v.world_size)
+    return f"{verdicts[0].check} ({sizes})" if sizes else verdicts[0].check
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _ordered(report: Report) -> list[Verdict]:
+    order: dict[str, int] = {}
+    for v in report.verdicts:
+        order.setdefault(v.check, len(order))
+    return sorted(report.verdicts, key=lambda v: (order[v.check], v.world_size))
+
+
+def format_progress(v: Verdict) -> str:
+    """One line for a verdict as it arrives: ``w2 gather.forward ... PASS 0.31s`` (``w-`` without a world)."""
+    return f"w{_world(v)} {v.check} ... {_LABELS[v.outcome]} {v.seconds:.2f}s"
+
+
+def format_report(report: Report, strict: bool = False) -> str:
+    """The verdict table, the failures with their shrunk examples, and a summary line.
+
+    Rows are one per check run and world size (registration order, then
+    size; "-" for a check that needs no process group): check, world size,
+    tier, verdict, time. Each failure or hang lists its likely cause (when
+    one was found), its example and the first ``MESSAGE_LINES`` lines of its
+    message; not-applicable, not-supported and skipped rows list their
+    reason in one line; warnings raised inside the checks are listed once each.
+    """
+    sections = [
+        _header(report, strict),
+        _table(report, strict),
+        _failures(report),
+        _reasons(report),
+        _warnings(report),
+        _summary(report, strict),
+    ]
+    return "\n".join(line for section in sections for line in section) + "\n"
+
+
+def _header(report: Report, strict: bool) -> list[str]:
+    """What was checked and how, then the run's notes and a blank line."""
+    impl = report.impl
+    labels = {"gather": impl.gather_label, "ddp": impl.ddp, "config": impl.config}
+    components = "  ".join(
+        f"{name}={labels[name]}" + ("" if name in report.components else " (used, not checked)")
+        for name in COMPONENTS
+        if labels[name] not in (None, "-")
+    )
+    examples = "profile" if report.max_examples is None else str(report.max_examples)
+    return [
+        f"nemo_dist conformance: {components}",
+        f"backend={report.backend}  tier={report.tier}  max_examples={examples}" + ("  strict" if strict else ""),
+        *report.notes,
+        "",
+    ]
+
+
+def _table(report: Report, strict: bool) -> list[str]:
+    """The verdict table: a header row, a rule, one row per verdict."""
+    rows = [("check", "world", "tier", "verdict", "time")]
+    for v in _ordered(report):
+        rows.append((v.check, _world(v), v.tier, _label(v, strict), f"{v.seconds:.2f}s"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = []
+    for i, row in enumerate(rows):
+        cells = [c.ljust(w) for c, w in zip(row[:4], widths[:4], strict=True)]
+        lines.append("  ".join([*cells, row[4].rjust(widths[4])]).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def _failures(report: Report) -> list[str]:
+    """Each failure or hang: where, its likely cause, its example and its message (a hang's in full)."""
+    failures = [v for v in _ordered(report) if v.failed]
+    if not failures:
+        return []
+    lines = ["", "Failures", "========"]
+    for v in failures:
+        lines.append(f"--- {v.check} ({_where(v)}, {v.tier} tier{', HANG' if v.outcome == 'hang' else ''}) ---")
+        if v.cause:
+            lines.append(f"Likely cause: {v.cause}")
+        if v.example:
+            lines.extend(v.example.splitlines())
+        message = v.message.strip().splitlines()
+        shown = len(message) if v.outcome == "hang" else MESSAGE_LINES  # a hang shows every rank's stack
+        lines.extend(message[:shown])
+        if len(message) > shown:
+            lines.append(f"... ({len(message) - shown} more lines)")
+        lines.append("")
+    return lines
+
+
+def _reasons(report: Report) -> list[str]:
+    """The not-applicable, not-supported and skipped checks, one line per check and reason."""
+    lines: list[str] = []
+    for outcome, title in (("not applicable", "Not applicable"), ("not supported", "Not supported"),
+                           ("skipped", "Skipped")):
+        reasons: dict[tuple[str, str], list[Verdict]] = {}
+        for v in _ordered(report):
+            if v.outcome == outcome:
+                reasons.setdefault((v.check, _reason_text(v.message)), []).append(v)
+        if reasons:
+            lines += ["", title]
+            lines += [f"  {_short(same)}: {reason}" for (_, reason), same in reasons.items()]
+    return lines
+
+
+def _warnings(report: Report) -> list[str]:
+    """Each distinct warning raised inside the checks, once, with where it was first raised."""
+    raised = report.warnings()
+    if not raised:
+        return []
+    lines = ["", "Warnings raised inside the checks (notes, not failures)"]
+    for text, where in raised.items():
+        more = f" and {len(where) - 1} more" if len(where) > 1 else ""
+        lines.append(f"  {_first_line(text)} [{where[0]}{more}]")
+    return lines
+
+
+def _summary(report: Report, strict: bool) -> list[str]:
+    """A blank line, then the counts of each outcome, the time and the verdict of the run."""
+    code = report.exit_code(strict)
+    extended = sum(v.outcome == "fail" and v.tier != "core" for v in report.verdicts)
+    parts = []
+    for outcome, word in _SUMMARY:
+        n = report.count(outcome)
+        if outcome == "fail" and extended:
+            word += f" ({extended} extended)"
+        if n or outcome in ("pass", "fail"):
+            parts.append(f"{n} {word}")
+    verdict = "CONFORMS (exit 0)" if code == 0 else "DOES NOT CONFORM (exit 1)"
+    return ["", f"{', '.join(parts)} in {report.seconds:.1f}s -> {verdict}"]
+
+
+def junit_xml(report: Report, strict: bool = False) -> ET.ElementTree:
+    """A JUnit XML tree: one ``testcase`` per check and world size.
+
+    Failures and hangs get a ``failure`` element (message: first line, text:
+    likely cause, example and message); not-applicable, not-supported and
+    skipped rows a ``skipped`` element, except that under ``strict``
+    not-supported is a failure. Extended-tier failures are failures too (CI
+    shows them); the exit code decides what blocks.
+    """
+    suite = ET.Element("testsuite", name="nemo_dist.conformance")
+    failures = skipped = 0
+    for v in _ordered(report):
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"conformance.{v.component}.{v.tier}",
+            name=f"{v.check}[w{_world(v)}]",
+            time=f"{v.seconds:.3f}",
+        )
+        if v.failed or (strict and v.outcome == "not supported"):
+            failures += 1
+            element = ET.SubElement(case, "failure", message=_first_line(v.message))
+            cause = f"Likely cause: {v.cause}" if v.cause else ""
+            element.text = "\n".join(filter(None, [cause, v.example, v.message]))
+        elif v.outcome in ("not applicable", "not supported", "skipped"):
+            skipped += 1
+            ET.SubElement(case, "skipped", message=f"{v.outcome}: {_first_line(v.message)}")
+    suite.set("tests", str(len(report.verdicts)))
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    suite.set("skipped", str(skipped))
+    suite.set("time", f"{report.seconds:.3f}")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return ET.ElementTree(root)
+
+
+def write_junit_xml(report: Report, path: str | Path, strict: bool = False) -> None:
+    """Write :func:`junit_xml` of ``report`` to ``path`` (UTF-8, with declaration)."""
+    junit_xml(report, strict).write(path, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,271 @@
+"""Run conformance checks against an implementation and collect verdicts.
+
+One :class:`~nemo_dist.conformance.verdicts.Verdict` per check run and world
+size (a check that needs no process group runs once, world size 0; a ddp
+check runs once per DDP entry point the module defines; the runs are the
+registry's :func:`~nemo_dist.conformance.registry.cases`). Checks run in
+persistent worlds (one ``nemo_dist.testing.World`` per size, reused by every
+check of that size, its steps under adaptive deadlines) or in any
+``WorldLike`` a caller provides (the torchrun adapter, a pytest fixture). A
+check that crashes or hangs its world fails alone: the harness replaces the
+world and the next check gets healthy ranks. Warnings raised inside the
+checks are collected into the verdicts, never failures. What a suite needs
+besides its checks (a rank-side setup at world start, a step before its
+checks) comes from the registry's :data:`~nemo_dist.conformance.registry.SUITES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from nemo_dist.conformance.deadlines import Deadlines, DeadlineWorld, StepAborted, warm_up
+from nemo_dist.conformance.profile import hypothesis_settings
+from nemo_dist.conformance.registry import SUITES, Case, Check, WorldLike, cases
+from nemo_dist.conformance.target import Implementation, checked_components, import_components
+from nemo_dist.conformance.verdicts import Outcome, Report, Verdict, classify
+
+__all__ = ["run_case", "run_check", "run_checks", "run_checks_in", "run_worldless"]
+
+
+def _warning_texts(caught: Sequence[warnings.WarningMessage]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+
+
+@contextmanager
+def _quiet_hypothesis() -> Iterator[None]:
+    """Keep hypothesis's own printed reports (seeds to reproduce, ...) out of the table."""
+    from hypothesis.reporting import with_reporter
+
+    with with_reporter(lambda text: None):
+        yield
+
+
+def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, name: str | None = None) -> Verdict:
+    """Run ``check`` once in ``world`` (None for a check that needs none) against ``impl``; return its verdict.
+
+    Never raises for a failing implementation: ``NotSupported`` (raised in the
+    parent or on every rank) gives "not supported"; ``NotApplicable``, and a
+    world size outside the check's range, "not applicable"; ``unittest.SkipTest``
+    (the environment cannot run the check) "skipped"; a step past its
+    deadline "hang" with the hung call and every rank's stack; an assertion
+    or any other exception (``RankFailure`` included) "fail" with its
+    message, the shrunk hypothesis example and any likely cause the check
+    attached (``exc.likely_cause``). ``name`` labels the verdict (default
+    ``check.name``). Warnings raised inside are recorded in the verdict.
+    Only ``KeyboardInterrupt`` and ``SystemExit`` propagate.
+    """
+    start = time.perf_counter()
+    size = 0 if world is None else world.size
+    caught: list[warnings.WarningMessage] = []
+
+    def verdict(outcome: Outcome, message: str = "", example: str = "", cause: str = "") -> Verdict:
+        return Verdict(
+            name or check.name,
+            check.component,
+            check.tier,
+            size,
+            outcome,
+            time.perf_counter() - start,
+            message,
+            example,
+            cause,
+            _warning_texts(caught),
+        )
+
+    if world is not None and not check.applies_to(size):
+        if not check.needs_world:
+            return verdict("not applicable", "needs no process group: runs once, outside the worlds")
+        if check.max_world == check.min_world:
+            limit = f"of {check.min_world} rank" + ("s" if check.min_world > 1 else "")
+        else:
+            upper = " or more" if check.max_world is None else f"..{check.max_world}"
+            limit = f"of {check.min_world}{upper} ranks"
+        return verdict("not applicable", f"runs in worlds {limit}")
+    try:
+        with warnings.catch_warnings(record=True) as recorded, _quiet_hypothesis():
+            warnings.simplefilter("always")
+            try:
+                check(world, impl)
+            finally:
+                caught = list(recorded)
+    except BaseException as exc:  # every failure becomes a verdict
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return verdict(*classify(exc))
+    return verdict("pass")
+
+
+def run_case(case: Case, world: WorldLike | None) -> Verdict:
+    """The verdict of one :class:`~nemo_dist.conformance.registry.Case` (``world`` None for world size 0).
+
+    A case whose implementation defines none of the check's entry points is
+    "not supported" without running.
+    """
+    if case.impl is None:
+        c = case.check
+        return Verdict(c.name, c.component, c.tier, case.world_size, "not supported", 0.0, case.missing)
+    return run_check(case.check, world, case.impl, name=case.name)
+
+
+def run_worldless(
+    checks: Sequence[Check],
+    impl: Implementation,
+    verdicts: list[Verdict],
+    on_verdict: Callable[[Verdict], None] | None = None,
+) -> None:
+    """Run, once each and in this process, the checks of ``checks`` that need no world."""
+    worldless = cases([c for c in checks if not c.needs_world], impl, ())
+    for case in _missing_first(worldless):
+        _record(run_case(case, None), verdicts, on_verdict)
+
+
+def _missing_first(found: list[Case]) -> list[Case]:
+    """The cases with no entry point (reported first, as they need no run), then the others in order."""
+    return [c for c in found if c.impl is None] + [c for c in found if c.impl is not None]
+
+
+def _record(verdict: Verdict, verdicts: list[Verdict], on_verdict: Callable[[Verdict], None] | None) -> None:
+    verdicts.append(verdict)
+    if on_verdict is not None:
+        on_verdict(verdict)
+
+
+def _world_setup(checks: Sequence[Check]) -> Callable[[], None] | None:
+    """The rank-side setup of the suites whose world checks are selected (None when none has one)."""
+    components = dict.fromkeys(c.component for c in checks if c.needs_world)
+    setups = [s.world_setup for s in (SUITES.get(c) for c in components) if s is not None and s.world_setup]
+    if not setups:
+        return None
+    return setups[0] if len(setups) == 1 else functools.partial(_run_each, tuple(setups))
+
+
+def _run_each(setups: tuple[Callable[[], None], ...]) -> None:
+    for setup in setups:
+        setup()
+
+
+def run_checks(
+    checks: Sequence[Check],
+    impl: Implementation,
+    world_sizes: Sequence[int] = (2, 3),
+    *,
+    backend: str = "gloo",
+    tier: str = "all",
+    max_examples: int | None = 10,
+    timeout: float = 120.0,
+    worlds: Callable[[int], WorldLike] | None = None,
+    on_verdict: Callable[[Verdict], None] | None = None,
+    components: Sequence[str] | None = None,
+) -> Report:
+    """Run ``checks`` (already selected): the world-less ones once, the others in a world of each size.
+
+    Each size gets one world, reused by all its checks and closed afterwards:
+    a ``nemo_dist.testing.World(size, backend, timeout)`` (the next size's
+    ranks start in the background while this size's checks run, building
+    their first DDP there when ddp checks are selected), or
+    ``worlds(size)`` when given (the caller then owns and closes it). Steps of a World run
+    under adaptive deadlines capped by ``timeout`` (see
+    :mod:`~nemo_dist.conformance.deadlines`). Hypothesis runs with
+    ``max_examples`` and no database (see :func:`hypothesis_settings`).
+    ``on_verdict`` is called after each check (progress output);
+    ``components`` (default: those ``impl`` names) is recorded in the report.
+    Verdicts come in run order: world-less checks, then by world size, then by check.
+    """
+    start = time.perf_counter()
+    verdicts: list[Verdict] = []
+    notes: list[str] = []
+    deadlines = Deadlines(timeout)
+    with hypothesis_settings(max_examples), contextlib.ExitStack() as owned:
+        run_worldless(checks, impl, verdicts, on_verdict)
+        if worlds is None:
+            from nemo_dist.testing import World
+
+            setup = _world_setup(checks)
+            made = [owned.enter_context(World(size, backend, timeout, setup=setup)) for size in world_sizes]
+        for index, size in enumerate(world_sizes):
+            if worlds is not None:
+                run_checks_in(checks, worlds(size), impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
+                continue
+            upcoming = [w for w in made[index + 1 :] if any(c.applies_to(w.size) for c in checks)]
+            if upcoming:
+                # The next world's ranks import torch and join while this world's checks run.
+                with contextlib.suppress(Exception):  # a failed start is reported by that world's first check
+                    upcoming[0].start(wait=False)
+            run_checks_in(checks, made[index], impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
+            made[index].close()
+    return Report(
+        tuple(verdicts),
+        impl,
+        backend,
+        tier,
+        max_examples,
+        time.perf_counter() - start,
+        tuple(dict.fromkeys(notes)),
+        components=tuple(checked_components(impl) if components is None else components),
+    )
+
+
+def _prepared(world: Any, checks: Sequence[Check], impl: Implementation, notes: list[str]) -> Implementation:
+    """Import ``impl`` on every rank of ``world``, then run each selected suite's ``prepare`` step.
+
+    A step that fails leaves ``impl`` as it is: the checks report what goes wrong.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the checks record what the implementation warns
+            warm_up(world, import_components, impl)
+            for component in dict.fromkeys(c.component for c in checks):
+                suite = SUITES.get(component)
+                if suite is not None and suite.prepare is not None:
+                    impl = suite.prepare(world, impl, notes)
+    except (Exception, StepAborted):
+        return impl
+    return impl
+
+
+def _refined(case: Case, prepared: Implementation) -> Case:
+    """``case`` with what the suites' preparation changed in the implementation (its pinned entry point kept)."""
+    if case.impl is None:
+        return case
+    changes = {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared) if f.name != "ddp_api"}
+    return dataclasses.replace(case, impl=dataclasses.replace(case.impl, **changes))
+
+
+def run_checks_in(
+    checks: Sequence[Check],
+    world: WorldLike,
+    impl: Implementation,
+    verdicts: list[Verdict],
+    on_verdict: Callable[[Verdict], None] | None,
+    *,
+    deadlines: Deadlines | None = None,
+    notes: list[str] | None = None,
+) -> None:
+    """Run each of ``checks`` that needs a world in ``world``, in order, appending verdicts.
+
+    A ``nemo_dist.testing.World`` is started first (so the first check's time
+    is its own) and prepared (the implementation imported on every rank, each
+    suite's ``prepare`` step); with ``deadlines`` its steps run under them.
+    """
+    found = _missing_first(cases([c for c in checks if c.needs_world], impl, (world.size,)))
+    target: WorldLike = world
+    if any(case.applies and case.impl is not None for case in found):
+        start = getattr(world, "start", None)
+        if callable(start):
+            # A start-up failure comes back as the first check's verdict.
+            with contextlib.suppress(Exception):
+                start()
+        if deadlines is not None and callable(getattr(world, "run_with_deadline", None)):
+            target = DeadlineWorld(world, deadlines)
+        prepared = _prepared(target, checks, impl, [] if notes is None else notes)
+        if prepared != impl:
+            found = [_refined(case, prepared) for case in found]
+    for case in found:
+        _record(run_case(case, target), verdicts, on_verdict)

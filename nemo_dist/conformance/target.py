@@ -1,0 +1,293 @@
+"""Which implementation a check runs against: module paths and callables, imported in each rank.
+
+An :class:`Implementation` names modules (``gather``, ``ddp``, ``config``) or,
+for the gather component, one callable found anywhere (``gather_fn``, a
+``module:name``). Only these strings travel to the ranks; each rank imports
+them itself. :func:`resolve_implementation` turns command-line style options
+into an implementation and :func:`validate_implementation` imports what it
+names, so the command and ``pytest conformance/`` agree on both. Their
+errors name options by field; each front end words them in its own option
+names (:meth:`OptionError.worded`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "COMPONENTS",
+    "DDP_APIS",
+    "GATHER_FORMS",
+    "PRESETS",
+    "REFERENCE",
+    "Implementation",
+    "NotApplicable",
+    "NotSupported",
+    "OptionError",
+    "checked_components",
+    "import_components",
+    "resolve_callable",
+    "resolve_implementation",
+    "validate_implementation",
+]
+
+#: The two upstream DDP entry points, in the order their checks run.
+DDP_APIS: tuple[str, ...] = ("parallelize_ddp", "DDPManager")
+
+#: Output forms of a ``--gather-fn`` callable ("auto": detected from each call's result).
+GATHER_FORMS: tuple[str, ...] = ("auto", "cat", "tuple", "stacked")
+
+#: The components an implementation can name, in the order checks and reports list them.
+COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config")
+
+#: Option fields an :class:`OptionError` message may name (as ``{opt:FIELD}``).
+OPTION_FIELDS: tuple[str, ...] = ("gather_fn", "no_grad_fn", "gather_form", "gather", "ddp", "config", "preset")
+_OPTION_FIELD = re.compile(r"\{opt:(" + "|".join(OPTION_FIELDS) + r")\}")
+
+
+class NotSupported(Exception):
+    """The implementation lacks a feature a check needs (an extended-tier keyword, say)."""
+
+
+class NotApplicable(Exception):
+    """The check cannot apply to what the implementation did (no DDP object at world size 1, say)."""
+
+
+class OptionError(ValueError):
+    """Options that name no usable implementation; the message says what and how to fix it.
+
+    The message names options by field (``{opt:gather_fn}``): :meth:`worded`
+    says them as a front end calls them; ``str()`` gives the plain field names.
+    """
+
+    @property
+    def template(self) -> str:
+        """The message with its ``{opt:FIELD}`` placeholders."""
+        return str(self.args[0]) if self.args else ""
+
+    def worded(self, option: Callable[[str], str]) -> str:
+        """The message with each option field replaced by ``option(field)`` (``"--gather-fn"``, say)."""
+        return _OPTION_FIELD.sub(lambda m: option(m.group(1)), self.template)
+
+    def __str__(self) -> str:
+        return self.worded(lambda field: field)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """What to check: module paths of the components, or one gather callable.
+
+    ``gather``, ``ddp``, ``config`` are module paths (``None``: not named).
+    ``gather_fn`` (``"module:name"``) replaces the gather module by a single
+    callable, a function or a ``torch.autograd.Function`` subclass, whose output
+    is the concatenation, a W-tuple or a stacked tensor (``gather_form``);
+    ``no_grad_fn`` is its no-grad counterpart (default: ``gather_fn`` under
+    ``torch.no_grad()``). ``ddp_api`` pins the DDP entry point the rank
+    functions use (``"parallelize_ddp"`` or ``"DDPManager"``; ``None``: the
+    manager when the module has one). The object pickles as its strings.
+    """
+
+    gather: str | None = "nemo_dist.loss.dist_utils"
+    ddp: str | None = "nemo_dist.distributed.ddp"
+    config: str | None = "nemo_dist.distributed.config"
+    gather_fn: str | None = None
+    no_grad_fn: str | None = None
+    gather_form: str = "auto"
+    ddp_api: str | None = None
+
+    def module(self, component: str) -> ModuleType:
+        """Import and return the module of ``component`` ("gather", "ddp" or "config").
+
+        Raises ``NotSupported`` when that component is not part of this implementation.
+        """
+        path = getattr(self, component)
+        if path is None:
+            raise NotSupported(f"no {component} module was named")
+        return importlib.import_module(path)
+
+    @property
+    def gather_named(self) -> bool:
+        """Whether the gather component is checked (a module or a callable is named)."""
+        return self.gather is not None or self.gather_fn is not None
+
+    @property
+    def gather_label(self) -> str:
+        """How reports name the gather target: the callable, else the module."""
+        return self.gather_fn or self.gather or "-"
+
+    def ddp_apis(self) -> tuple[str, ...]:
+        """The DDP entry points the ddp module defines (``ddp_api`` alone when pinned), in :data:`DDP_APIS` order."""
+        if self.ddp_api is not None:
+            return (self.ddp_api,)
+        module = self.module("ddp")
+        return tuple(api for api in DDP_APIS if hasattr(module, api))
+
+    def with_ddp_api(self, api: str) -> Implementation:
+        """This implementation with the DDP entry point pinned to ``api``."""
+        return replace(self, ddp_api=api)
+
+    def resolved_ddp_api(self) -> str:
+        """The entry point rank functions use: the pinned one, else ``DDPManager`` when present."""
+        if self.ddp_api is not None:
+            return self.ddp_api
+        apis = self.ddp_apis()
+        if not apis:
+            raise NotSupported(f"{self.ddp} defines neither parallelize_ddp nor DDPManager")
+        return "DDPManager" if "DDPManager" in apis else apis[0]
+
+
+def resolve_callable(spec: str) -> Any:
+    """Import ``"module:name"`` (``name`` may be dotted) and return the object.
+
+    Raises ``OptionError`` saying what is wrong with the spec.
+    """
+    module_name, sep, qualname = spec.partition(":")
+    if not sep or not module_name or not qualname:
+        raise OptionError(f"expected MODULE:NAME, such as torch.distributed.nn.functional:all_gather; got {spec!r}")
+    try:
+        module = _import(module_name)
+    except OptionError as exc:
+        raise OptionError(f"module {module_name!r} does not import: {exc.template}") from None
+    found: Any = module
+    for part in qualname.split("."):
+        if not hasattr(found, part):
+            raise OptionError(f"{module_name!r} has no {qualname!r} (from {spec!r})")
+        found = getattr(found, part)
+    if not callable(found):
+        raise OptionError(f"{spec!r} is a {type(found).__name__}, not a function or autograd Function")
+    return found
+
+
+def _import(path: str) -> ModuleType:
+    """Import ``path``; an ``OptionError`` carries the reason (and a hint for a missing module)."""
+    try:
+        return importlib.import_module(path)
+    except Exception as exc:
+        hint = (
+            " (is it on sys.path? run from the checkout that holds it, or pip install it)"
+            if isinstance(exc, ModuleNotFoundError)
+            else ""
+        )
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        raise OptionError(f"{last}{hint}") from None
+
+
+def resolve_implementation(
+    *,
+    gather: str | None = None,
+    ddp: str | None = None,
+    config: str | None = None,
+    preset: str | None = None,
+    gather_fn: str | None = None,
+    no_grad_fn: str | None = None,
+    gather_form: str = "auto",
+) -> tuple[Implementation, tuple[str, ...]]:
+    """The implementation the options name and the components to check.
+
+    A preset names all three modules (the other options override it);
+    otherwise the named components are checked and the bundled modules serve
+    the others (a DDP check needs a config class); naming nothing checks the
+    bundled modules. ``gather_fn`` checks one callable as the gather component.
+    Raises ``OptionError`` for a bad combination; nothing is imported here.
+    """
+    if gather_form not in GATHER_FORMS:
+        raise OptionError(f"{{opt:gather_form}} expects one of {', '.join(GATHER_FORMS)}; got {gather_form!r}")
+    if gather_fn is not None and gather is not None:
+        raise OptionError("{opt:gather} names a module and {opt:gather_fn} a callable; give one of them")
+    if no_grad_fn is not None and gather_fn is None:
+        raise OptionError(
+            "{opt:no_grad_fn} goes with {opt:gather_fn} (a module's all_gather_no_grad is found by {opt:gather})"
+        )
+    if gather_form != "auto" and gather_fn is None:
+        raise OptionError("{opt:gather_form} applies to a {opt:gather_fn} callable only")
+    named = {c: p for c, p in (("gather", gather), ("ddp", ddp), ("config", config)) if p}
+    extra: dict[str, Any] = {"gather_fn": gather_fn, "no_grad_fn": no_grad_fn, "gather_form": gather_form}
+    if gather_fn is not None:
+        named["gather"] = None  # type: ignore[assignment]  # the callable replaces the module
+    if preset is not None:
+        if preset not in PRESETS:
+            raise OptionError(
+                f"unknown {{opt:preset}} {preset!r}; choose one of {', '.join(PRESETS)}, "
+                "or name the modules with {opt:gather}/{opt:ddp}/{opt:config}"
+            )
+        base = PRESETS[preset]
+        paths = {c: named.get(c, getattr(base, c)) for c in COMPONENTS}
+        return Implementation(**paths, **extra), COMPONENTS
+    if not named:
+        return REFERENCE, COMPONENTS
+    paths = {c: named.get(c, getattr(REFERENCE, c)) for c in COMPONENTS}
+    return Implementation(**paths, **extra), tuple(c for c in COMPONENTS if c in named)
+
+
+#: Names a module of each component must define (the ddp module: at least one).
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "gather": ("all_gather_with_grad", "all_gather_no_grad"),
+    "config": ("DDPConfig",),
+}
+
+
+def validate_implementation(impl: Implementation) -> None:
+    """Import every module and callable ``impl`` names and check the required names.
+
+    Raises ``OptionError`` naming the option, the module and the remedy.
+    """
+    for component in COMPONENTS:
+        path = getattr(impl, component)
+        if path is None:
+            continue
+        try:
+            module = _import(path)
+        except OptionError as exc:
+            raise OptionError(f"{{opt:{component}}} module {path!r} does not import: {exc.template}") from None
+        if component == "ddp":
+            if not any(hasattr(module, api) for api in DDP_APIS):
+                raise OptionError(
+                    f"{{opt:ddp}} module {path!r} has neither parallelize_ddp nor DDPManager; "
+                    "a ddp module must define at least one of them"
+                )
+            continue
+        missing = [n for n in REQUIRED[component] if not hasattr(module, n)]
+        if missing:
+            raise OptionError(
+                f"{{opt:{component}}} module {path!r} has no {', '.join(missing)}; "
+                f"a {component} module must define {', '.join(REQUIRED[component])}"
+            )
+    for field, spec in (("gather_fn", impl.gather_fn), ("no_grad_fn", impl.no_grad_fn)):
+        if spec is not None:
+            try:
+                resolve_callable(spec)
+            except OptionError as exc:
+                raise OptionError(f"{{opt:{field}}}: {exc.template}") from None
+
+
+#: The bundled implementation.
+REFERENCE = Implementation()
+
+#: Named module layouts, for ``--preset``.
+PRESETS = {
+    "nemo_dist": REFERENCE,
+    "nemo_automodel": Implementation(
+        gather="nemo_automodel.components.loss.dist_utils",
+        ddp="nemo_automodel.components.distributed.ddp",
+        config="nemo_automodel.components.distributed.config",
+    ),
+}
+
+
+def import_components(impl: Implementation) -> None:
+    """Import every module ``impl`` names (run on each rank before its checks: imports cost seconds)."""
+    for component in COMPONENTS:
+        if getattr(impl, component) is not None:
+            impl.module(component)
+
+
+def checked_components(impl: Implementation) -> tuple[str, ...]:
+    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config."""
+    named = {"gather": impl.gather_named, "ddp": impl.ddp is not None, "config": impl.config is not None}
+    return tuple(c for c in COMPONENTS if named[c])

@@ -1,0 +1,162 @@
+"""Verdicts: the outcome of one check run, a whole run's :class:`Report`, and how an exception becomes one.
+
+A check run ends in PASS, FAIL, HANG, NOT APPLICABLE, NOT SUPPORTED or
+SKIPPED; :func:`classify` maps what a check raised to its outcome, message,
+example and likely cause. The report decides the exit code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unittest
+from dataclasses import dataclass, field
+from typing import Literal
+
+from nemo_dist.conformance.deadlines import StepAborted, StepHung
+from nemo_dist.conformance.target import COMPONENTS, Implementation, NotApplicable, NotSupported
+
+__all__ = ["Outcome", "Report", "Verdict", "classify", "is_not_applicable", "is_not_supported"]
+
+Outcome = Literal["pass", "fail", "hang", "not applicable", "not supported", "skipped"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one check run in one world size (0: the check needs no world).
+
+    ``message`` is the failure (or hang, not-applicable, not-supported, skip)
+    text; ``example`` the shrunk hypothesis example ("Failing test case: ...")
+    or, for a hang, the call that hung; ``cause`` the likely cause of a
+    failure when the evidence names one; ``warnings`` what the check warned
+    ("Category: message", each once).
+    """
+
+    check: str
+    component: str
+    tier: str
+    world_size: int
+    outcome: Outcome
+    seconds: float
+    message: str = ""
+    example: str = ""
+    cause: str = ""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        """Whether the check broke the contract, crashed or hung."""
+        return self.outcome in ("fail", "hang")
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every verdict of one conformance run, in run order."""
+
+    verdicts: tuple[Verdict, ...]
+    impl: Implementation
+    backend: str
+    tier: str = "all"
+    max_examples: int | None = None
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The components whose checks ran; the others' modules only served them.
+    components: tuple[str, ...] = COMPONENTS
+
+    def count(self, outcome: Outcome) -> int:
+        """Number of verdicts with ``outcome``."""
+        return sum(v.outcome == outcome for v in self.verdicts)
+
+    def blocking(self, strict: bool = False) -> list[Verdict]:
+        """The verdicts that make the run fail.
+
+        Core failures and hangs always; with ``strict``, any failure or hang
+        and any "not supported" (a strict run demands the whole contract).
+        """
+        if strict:
+            return [v for v in self.verdicts if v.failed or v.outcome == "not supported"]
+        return [v for v in self.verdicts if v.failed and v.tier == "core"]
+
+    def exit_code(self, strict: bool = False) -> int:
+        """0 when nothing blocks (see :meth:`blocking`), else 1."""
+        return 1 if self.blocking(strict) else 0
+
+    def warnings(self) -> dict[str, list[str]]:
+        """Each distinct warning raised inside the checks, with the check runs that raised it, in order."""
+        seen: dict[str, list[str]] = {}
+        for v in self.verdicts:
+            where = v.check if v.world_size == 0 else f"{v.check} w{v.world_size}"
+            for text in v.warnings:
+                seen.setdefault(text, []).append(where)
+        return seen
+
+    def with_notes(self, *notes: str) -> Report:
+        """This report with ``notes`` appended."""
+        return dataclasses.replace(self, notes=(*self.notes, *notes))
+
+
+def is_not_supported(exc: BaseException) -> bool:
+    """Whether ``exc`` says "not supported": a ``NotSupported``, or every rank raising one."""
+    return _raised_everywhere(exc, NotSupported)
+
+
+def is_not_applicable(exc: BaseException) -> bool:
+    """Whether ``exc`` says "not applicable": a ``NotApplicable``, or every rank raising one."""
+    return _raised_everywhere(exc, NotApplicable)
+
+
+def _raised_everywhere(exc: BaseException, kind: type[Exception]) -> bool:
+    if isinstance(exc, kind):
+        return True
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return all(
+            isinstance(text, str) and f"rank {rank} raised {kind.__name__}:" in text
+            for rank, text in failures.items()
+        )
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values())).splitlines()[0]
+        ranks = ", ".join(str(r) for r in failures)
+        return f"{first.split('raised ', 1)[-1]} (rank {ranks})"
+    return _message(exc)
+
+
+def _example(exc: BaseException) -> str:
+    notes = [str(n) for n in getattr(exc, "__notes__", ()) or ()]
+    return "\n".join(notes).strip()
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+def classify(exc: BaseException) -> tuple[Outcome, str, str, str]:
+    """``(outcome, message, example, likely cause)`` of a check run that raised ``exc``.
+
+    A step past its deadline is a hang (the hung call as example); a step
+    that left ranks stuck or dead a failure reported as it is (not shrunk);
+    ``unittest.SkipTest`` skipped; ``NotSupported`` / ``NotApplicable``
+    (raised here or on every rank) their outcome with the reason; anything
+    else, ``BaseExceptionGroup`` included, a failure with its message, the
+    shrunk hypothesis example and the likely cause the check attached
+    (``exc.likely_cause``).
+    """
+    if isinstance(exc, StepHung):
+        return "hang", f"{exc.deadline_note}\n{exc}", f"Hung step: {exc.call}", ""
+    if isinstance(exc, StepAborted):
+        example = f"Failing step (reported as it is, not shrunk: it left ranks stuck or dead): {exc.call}"
+        return "fail", f"RankFailure: {exc}", example, getattr(exc, "likely_cause", "")
+    if isinstance(exc, unittest.SkipTest):
+        return "skipped", str(exc), "", ""
+    if isinstance(exc, Exception):
+        if is_not_supported(exc):
+            return "not supported", _reason(exc), "", ""
+        if is_not_applicable(exc):
+            return "not applicable", _reason(exc), "", ""
+    return "fail", _message(exc), _example(exc), getattr(exc, "likely_cause", "")
