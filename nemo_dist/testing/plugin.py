@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from nemo_dist.testing import profiles
+from nemo_dist.testing import options, profiles
 
 if TYPE_CHECKING:
     from nemo_dist.testing._world import World
@@ -59,32 +59,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _parse_sizes(text: str) -> tuple[int, ...]:
-    sizes: list[int] = []
-    for part in str(text).split(","):
-        try:
-            size = int(part.strip())
-        except ValueError:
-            size = 0
-        if size < 1:
-            raise pytest.UsageError(
-                "--dist-world-sizes expects a comma-separated list of world sizes "
-                f">= 1, such as --dist-world-sizes=1,2,4; got {text!r}"
-            )
-        if size not in sizes:
-            sizes.append(size)
-    return tuple(sizes)
+    try:
+        return options.parse_world_sizes(text)
+    except options.BadOptionValue as exc:
+        raise pytest.UsageError(
+            "--dist-world-sizes expects a comma-separated list of world sizes "
+            f">= 1, such as --dist-world-sizes=1,2,4; got {exc.text!r}"
+        ) from None
 
 
 def _parse_timeout(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
+        return options.parse_seconds(text)
+    except options.BadOptionValue as exc:
         raise pytest.UsageError(
-            f"--dist-timeout expects a number of seconds > 0, such as --dist-timeout=120; got {text!r}"
-        )
-    return value
+            f"--dist-timeout expects a number of seconds > 0, such as --dist-timeout=120; got {exc.value!r}"
+        ) from None
 
 
 def _load_profile(config: pytest.Config) -> None:

@@ -21,6 +21,7 @@ from nemo_dist.testing import (
     World,
     WorldTimeout,
     calls,
+    options,
     plugin,
     processes,
     profiles,
@@ -28,7 +29,7 @@ from nemo_dist.testing import (
 from tests.harness import rank_fns
 
 
-@pytest.mark.parametrize("module", [testing, plugin, profiles, processes, calls], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [testing, plugin, profiles, processes, calls, options], ids=lambda m: m.__name__)
 def test_all_names_resolve(module: object) -> None:
     """Every name in a public module's __all__ exists; its functions and classes have docstrings."""
     for name in module.__all__:  # type: ignore[attr-defined]
