@@ -179,6 +179,8 @@ class World:
 
         Ranks are asked to leave the group and exit, stragglers are killed after
         a few seconds, then the TCPStore and the private temp dir are removed.
+        A rank that outlives SIGKILL for 10 s (stuck in the kernel) is left
+        running and named in a RuntimeWarning; close never blocks on it.
         """
         if self._closed:
             return
@@ -269,12 +271,13 @@ class World:
                 with contextlib.suppress(OSError):
                     r.conn.send(_protocol.EXIT)
             processes.wait_exit(ranks, processes.KILL_AFTER_S)
-        for r in ranks:
-            processes.reap(r)
+        left = [r for r in ranks if not processes.reap(r)]
         self._store = None
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+        if left:  # warned last: under warnings-as-errors the cleanup above still happened
+            warnings.warn(processes.left_running_text(left), RuntimeWarning, stacklevel=3)
 
     def _replace(self) -> None:
         """Discard the ranks (killed); the next run starts fresh ones."""

@@ -139,8 +139,6 @@ def receive(r: processes.RankProcess, seq: int, replies: dict[int, Any], deaths:
     if eof or r.proc.poll() is not None or (r.pidfd is not None and wait([r.pidfd], 0)):
         # EOF or exit: the process is gone (or going).
         processes.wait_exit([r], processes.KILL_AFTER_S)
-        if r.proc.poll() is None:
-            r.proc.kill()
         deaths[r.rank] = processes.death_text(r)
         return True
     return False

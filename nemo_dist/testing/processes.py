@@ -18,14 +18,18 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "KILL_AFTER_S",
+    "REAP_AFTER_KILL_S",
+    "Process",
     "RankProcess",
     "death_text",
     "dump_stacks",
     "exit_text",
+    "kill_and_wait",
+    "left_running_text",
     "open_pidfd",
     "reap",
     "spawn_rank",
@@ -36,7 +40,27 @@ __all__ = [
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 #: Seconds a rank gets to exit (after EXIT, EOF or SIGTERM) before it is killed.
 KILL_AFTER_S = 5.0
+#: Seconds a process gets to vanish after SIGKILL before it is reported and left running.
+REAP_AFTER_KILL_S = 10.0
 _STDERR_TAIL_BYTES = 4000
+# Processes that outlived SIGKILL (stuck in the kernel, e.g. in a GPU driver
+# call). Kept referenced: a collected Popen of a running process warns again.
+_LEFT_RUNNING: list[Any] = []
+
+
+class Process(Protocol):
+    """What the teardown needs of a process: ``subprocess.Popen`` has it."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        """The return code if the process exited, else None."""
+
+    def kill(self) -> None:
+        """Send SIGKILL."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit (raising TimeoutExpired after ``timeout`` s); the return code."""
 
 
 @dataclass
@@ -50,6 +74,8 @@ class RankProcess:
     stderr_path: Path
     stack_path: Path
     exit_text: str | None = field(default=None)
+    #: True once the process outlived SIGKILL and was left running (never waited for again).
+    left_running: bool = field(default=False)
 
     def sentinels(self) -> list[Any]:
         """What to ``multiprocessing.connection.wait`` on: its socket, and its pidfd when there is one."""
@@ -153,21 +179,56 @@ def wait_exit(ranks: list[RankProcess], timeout: float) -> None:
         alive = [r for r in alive if r.proc.poll() is None]
 
 
-def reap(r: RankProcess) -> None:
-    """Kill the rank if it still runs, wait for it, close its socket and pidfd."""
-    if r.proc.poll() is None:
-        r.proc.kill()
-    r.proc.wait()
+def kill_and_wait(proc: Process, timeout: float = REAP_AFTER_KILL_S) -> int | None:
+    """SIGKILL ``proc`` if it still runs and wait at most ``timeout`` s for it.
+
+    Returns its return code, or None when it has not exited by then: such a
+    process (stuck in the kernel) is left running, never waited for forever.
+    """
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _LEFT_RUNNING.append(proc)
+        return None
+
+
+def _finish(r: RankProcess) -> int | None:
+    """:func:`kill_and_wait` once per rank: one that was left running is not waited for again."""
+    if r.left_running:
+        return r.proc.poll()
+    code = kill_and_wait(r.proc)
+    r.left_running = code is None
+    return code
+
+
+def left_running_text(ranks: list[RankProcess]) -> str:
+    """Say which ranks outlived SIGKILL and were left running."""
+    which = ", ".join(f"rank {r.rank} (pid {r.proc.pid})" for r in ranks)
+    verb = "was" if len(ranks) == 1 else "were"
+    return f"{which} did not exit within {REAP_AFTER_KILL_S:g} s of SIGKILL and {verb} left running"
+
+
+def reap(r: RankProcess) -> bool:
+    """Kill the rank if it still runs, wait for it (bounded), close its socket and pidfd.
+
+    Returns False when the process outlived SIGKILL and was left running.
+    """
+    gone = _finish(r) is not None
     r.conn.close()
     if r.pidfd is not None:
         os.close(r.pidfd)
+        r.pidfd = None
+    return gone
 
 
 def death_text(r: RankProcess) -> str:
-    """The death report of a rank that exited (or was killed): how it ended and its stderr tail."""
-    code = r.proc.wait()
+    """The death report of a rank that exited (or is killed now): how it ended and its stderr tail."""
+    code = _finish(r)
     tail = stderr_tail(r.stderr_path).rstrip()
-    text = f"rank {r.rank} died: {exit_text(code)}"
+    how = exit_text(code) if code is not None else f"closed its pipe; {left_running_text([r])}"
+    text = f"rank {r.rank} died: {how}"
     return f"{text}\n--- rank {r.rank} stderr (tail) ---\n{tail}" if tail else text
 
 
@@ -180,9 +241,7 @@ def dump_stacks(targets: list[RankProcess]) -> dict[int, str]:
     stacks: dict[int, str] = {}
     for r in targets:
         killed = r.proc.poll() is None
-        if killed:
-            r.proc.kill()
-        r.proc.wait()
+        gone = _finish(r) is not None
         try:
             stack = r.stack_path.read_text("utf-8", "replace").strip()
         except OSError:
@@ -192,5 +251,7 @@ def dump_stacks(targets: list[RankProcess]) -> dict[int, str]:
         tail = stderr_tail(r.stderr_path, 1500).rstrip()
         if tail:
             stack += f"\n--- rank {r.rank} stderr (tail) ---\n{tail}"
+        if not gone:
+            stack += f"\n({left_running_text([r])})"
         stacks[r.rank] = stack
     return stacks
