@@ -1,4 +1,4 @@
-"""Parsers of the harness's option values: world sizes, seconds, positive ints.
+"""Parsers of the harness's option values: world sizes, seconds, counts.
 
 One parser per kind of value, shared by every front end (the pytest plugin's
 ``--dist-*`` options, environment variables). A malformed value raises
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["BadOptionValue", "parse_positive_int", "parse_seconds", "parse_world_sizes"]
+__all__ = ["BadOptionValue", "parse_count", "parse_positive_int", "parse_seconds", "parse_world_sizes"]
 
 
 class BadOptionValue(ValueError):
@@ -43,6 +43,11 @@ def _parse_int(text: str, minimum: int) -> int:
 def parse_positive_int(text: str) -> int:
     """The int >= 1 that ``text`` spells (surrounding spaces allowed); BadOptionValue otherwise."""
     return _parse_int(text, 1)
+
+
+def parse_count(text: str) -> int:
+    """The int >= 0 that ``text`` spells (surrounding spaces allowed); BadOptionValue otherwise."""
+    return _parse_int(text, 0)
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

@@ -84,6 +84,20 @@ def test_parse_positive_int_rejects(text: str) -> None:
     assert info.value.value == text
 
 
+@pytest.mark.parametrize(("text", "expected"), [("0", 0), (" 4 ", 4)], ids=["zero", "spaces"])
+def test_parse_count_accepts(text: str, expected: int) -> None:
+    """An int >= 0 parses (NEMO_DIST_FAKE_GPU_COUNT=0 means no CUDA)."""
+    assert options.parse_count(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "1.5", "two", ""], ids=["negative", "fraction", "word", "empty"])
+def test_parse_count_rejects(text: str) -> None:
+    """Anything but an int >= 0 raises BadOptionValue carrying the text."""
+    with pytest.raises(BadOptionValue) as info:
+        options.parse_count(text)
+    assert info.value.value == text
+
+
 def test_bad_option_value_is_a_value_error_that_pickles() -> None:
     """BadOptionValue is a ValueError, says what was bad and survives pickling with its fields."""
     error = BadOptionValue("x", "1,x")
