@@ -13,12 +13,14 @@ from __future__ import annotations
 import ctypes
 import datetime
 import faulthandler
+import inspect
 import os
 import pickle
 import signal
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
@@ -91,13 +93,31 @@ def _answer(seq: int, rank: int, blob: bytes) -> bytes:
         return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
 
 
+def _device_id_kwargs(init_process_group: Callable[..., Any], device: Any) -> dict[str, Any]:
+    """``{"device_id": device}`` where ``init_process_group`` accepts it (torch >= 2.3), else ``{}``.
+
+    With a device id NCCL creates the communicator inside ``init_process_group``,
+    so a GPU world that cannot talk fails at its start, not in a test.
+    """
+    if device is None:
+        return {}
+    try:
+        parameters = inspect.signature(init_process_group).parameters
+    except (TypeError, ValueError):  # pragma: no cover - no signature to inspect
+        return {}
+    return {"device_id": device} if "device_id" in parameters else {}
+
+
 def _join(init: Init) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    device = None
     if init.backend == "nccl":
-        torch.cuda.set_device(init.rank % torch.cuda.device_count())
+        index = init.rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     timeout = datetime.timedelta(seconds=init.pg_timeout_s)
     store = dist.TCPStore("127.0.0.1", init.store_port, is_master=False, timeout=timeout)
     dist.init_process_group(
@@ -106,6 +126,7 @@ def _join(init: Init) -> None:
         rank=init.rank,
         world_size=init.world_size,
         timeout=timeout,
+        **_device_id_kwargs(dist.init_process_group, device),
     )
 
 

@@ -5,8 +5,9 @@ A :class:`World` owns ``size`` rank processes joined in one
 every later run, so a call costs a few milliseconds instead of a process start.
 The parent talks to each rank through a private socket pair carrying pickled
 messages (:mod:`._protocol`); it rendezvous the ranks through a TCPStore it
-hosts on 127.0.0.1 with an OS-assigned port. This module imports no torch at
-load time.
+hosts on 127.0.0.1 with an OS-assigned port. The rank processes themselves
+are :mod:`.processes`' business, pickling a call and gathering its answers
+:mod:`.calls`'. This module imports no torch at load time.
 """
 
 from __future__ import annotations
@@ -14,137 +15,31 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import importlib
 import os
 import pickle
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_dist.testing import _protocol
+from nemo_dist.testing import _protocol, processes
 from nemo_dist.testing._errors import (
     FunctionNotPicklable,
     RankFailure,
     WorldError,
     WorldTimeout,
 )
+from nemo_dist.testing.calls import STARTUP_SEQ, describe, gather, pickle_call, warning_category
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = ["FunctionNotPicklable", "RankFailure", "World", "WorldError", "WorldTimeout"]
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-_KILL_AFTER_S = 5.0
 _VERIFY_DEADLINE_S = 5.0
-_STDERR_TAIL_BYTES = 4000
-_STARTUP_SEQ = -1
-
-
-@dataclass
-class _Rank:
-    """Parent-side handle of one rank process."""
-
-    rank: int
-    proc: subprocess.Popen[bytes]
-    conn: Connection
-    pidfd: int | None
-    stderr_path: Path
-    stack_path: Path
-    exit_text: str | None = field(default=None)
-
-    def sentinels(self) -> list[Any]:
-        return [self.conn] if self.pidfd is None else [self.conn, self.pidfd]
-
-
-def _open_pidfd(pid: int) -> int | None:
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:  # pragma: no cover - not Linux
-        return None
-    try:
-        return int(opener(pid))
-    except OSError:  # pragma: no cover - old kernel
-        return None
-
-
-def _tail(path: Path, limit: int = _STDERR_TAIL_BYTES) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            data = f.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", "replace")
-    return ("...\n" + text) if size > limit else text
-
-
-def _exit_text(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = str(-returncode)
-        return f"killed by signal {name}"
-    return f"exit code {returncode}"
-
-
-def _warning_category(path: str) -> type[Warning]:
-    """The Warning subclass named "module:qualname", or UserWarning if it cannot be found."""
-    module_name, _, qualname = path.partition(":")
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError):
-        return UserWarning
-    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
-
-
-def _describe(fn: Any) -> str:
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None) or repr(fn)
-    return f"{module}.{qualname}" if module else qualname
-
-
-def _pickle_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """Pickle ``(fn, args, kwargs)`` or raise FunctionNotPicklable saying why."""
-    if not callable(fn):
-        raise TypeError(f"World.run expects a callable as fn, got {type(fn).__name__}: {fn!r}")
-    qualname = getattr(fn, "__qualname__", "")
-    name = _describe(fn)
-    remedy = (
-        "it must be a module-level function of an importable module "
-        "(lambdas, nested functions and functions of __main__ cannot be sent to rank processes)"
-    )
-    if "<lambda>" in qualname or "<locals>" in qualname:
-        raise FunctionNotPicklable(f"cannot send {name} to the ranks: {remedy}")
-    if getattr(fn, "__module__", None) == "__main__":
-        raise FunctionNotPicklable(f"cannot send {name} to the ranks: {remedy}")
-    try:
-        return pickle.dumps((fn, args, kwargs), pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        try:
-            pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
-        except Exception:
-            raise FunctionNotPicklable(
-                f"cannot send {name} to the ranks ({type(exc).__name__}: {exc}): {remedy}"
-            ) from exc
-        raise FunctionNotPicklable(
-            f"cannot send the arguments of {name} to the ranks: "
-            f"{type(exc).__name__}: {exc}; arguments must be picklable"
-        ) from exc
 
 
 class World:
@@ -189,7 +84,7 @@ class World:
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"World {label} must be a number of seconds > 0, got {value!r}")
-        self._setup = None if setup is None else _pickle_call(setup, (), {})
+        self._setup = None if setup is None else pickle_call(setup, (), {})
         self._size = size
         self._backend = backend
         self._timeout = float(timeout)
@@ -198,7 +93,7 @@ class World:
         # Children's process-group timeout outlives any parent deadline, so the
         # parent reports first.
         self._pg_timeout = max(2 * self._timeout, self._timeout + 60.0, self._startup_timeout)
-        self._ranks: list[_Rank] = []
+        self._ranks: list[processes.RankProcess] = []
         self._ready = False
         self._store: Any = None
         self._tmpdir: Path | None = None
@@ -275,15 +170,17 @@ class World:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
         self._check_open()
-        blob = _pickle_call(fn, args, kwargs)
+        blob = pickle_call(fn, args, kwargs)
         self.start()
-        return self._call(blob, float(deadline_s), _describe(fn))
+        return self._call(blob, float(deadline_s), describe(fn))
 
     def close(self) -> None:
         """Stop the ranks and free every resource; idempotent.
 
         Ranks are asked to leave the group and exit, stragglers are killed after
         a few seconds, then the TCPStore and the private temp dir are removed.
+        A rank that outlives SIGKILL for 10 s (stuck in the kernel) is left
+        running and named in a RuntimeWarning; close never blocks on it.
         """
         if self._closed:
             return
@@ -339,43 +236,10 @@ class World:
             raise
         self._ready = True
 
-    def _spawn(self, rank: int, port: int) -> _Rank:
+    def _spawn(self, rank: int, port: int) -> processes.RankProcess:
         assert self._tmpdir is not None
-        env = dict(os.environ)
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(self._size),
-            LOCAL_WORLD_SIZE=str(self._size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
-        if sys.platform.startswith("linux"):
-            env["GLOO_SOCKET_IFNAME"] = "lo"
-        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-        stderr_path = self._tmpdir / f"rank{rank}.stderr"
-        stack_path = self._tmpdir / f"rank{rank}.stack"
-        ours, theirs = socket.socketpair()
-        try:
-            with stderr_path.open("wb") as err:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "nemo_dist.testing._rank",
-                        str(theirs.fileno()),
-                    ],
-                    pass_fds=(theirs.fileno(),),
-                    stdin=subprocess.DEVNULL,
-                    stdout=err,
-                    stderr=err,
-                    env=env,
-                )
-        finally:
-            theirs.close()
-        conn = Connection(ours.detach())
-        handle = _Rank(rank, proc, conn, _open_pidfd(proc.pid), stderr_path, stack_path)
-        conn.send(
+        handle = processes.spawn_rank(rank, self._size, port, self._tmpdir)
+        handle.conn.send(
             _protocol.Init(
                 rank=rank,
                 world_size=self._size,
@@ -384,14 +248,14 @@ class World:
                 pg_timeout_s=self._pg_timeout,
                 sys_path=self._sent_path,
                 parent_pid=os.getpid(),
-                stack_file=str(stack_path),
+                stack_file=str(handle.stack_path),
                 setup=self._setup,
             )
         )
         return handle
 
     def _await_ready(self) -> None:
-        replies, deaths, pending, timed_out = self._gather(_STARTUP_SEQ, self._startup_timeout)
+        replies, deaths, pending, timed_out = self._gather(STARTUP_SEQ, self._startup_timeout)
         context = f" while starting a {self._backend} world of {self._size}"
         if timed_out:
             raise WorldTimeout(self._startup_timeout, self._dump(pending), self._size, context)
@@ -406,18 +270,14 @@ class World:
             for r in ranks:
                 with contextlib.suppress(OSError):
                     r.conn.send(_protocol.EXIT)
-            self._wait_exit(ranks, _KILL_AFTER_S)
-        for r in ranks:
-            if r.proc.poll() is None:
-                r.proc.kill()
-            r.proc.wait()
-            r.conn.close()
-            if r.pidfd is not None:
-                os.close(r.pidfd)
+            processes.wait_exit(ranks, processes.KILL_AFTER_S)
+        left = [r for r in ranks if not processes.reap(r)]
         self._store = None
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+        if left:  # warned last: under warnings-as-errors the cleanup above still happened
+            warnings.warn(processes.left_running_text(left), RuntimeWarning, stacklevel=3)
 
     def _replace(self) -> None:
         """Discard the ranks (killed); the next run starts fresh ones."""
@@ -462,7 +322,7 @@ class World:
         for emitted in distinct:
             warnings.warn_explicit(
                 emitted.message,
-                _warning_category(emitted.category),
+                warning_category(emitted.category),
                 emitted.filename,
                 emitted.lineno,
                 registry=self._warning_registry,
@@ -483,81 +343,8 @@ class World:
         return not deaths and not pending and all(isinstance(m, _protocol.Returned) for m in replies.values())
 
     def _gather(self, seq: int, deadline_s: float) -> tuple[dict[int, Any], dict[int, str], set[int], bool]:
-        """Collect one answer per rank for call ``seq``.
-
-        Returns ``(replies, deaths, pending, timed_out)``: the answers by rank,
-        the ranks that died with their exit description, the ranks that did not
-        answer, and whether the deadline (rather than the post-failure grace)
-        ended the wait.
-        """
-        end = time.monotonic() + deadline_s
-        grace_end: float | None = None
-        pending = set(range(len(self._ranks)))
-        replies: dict[int, Any] = {}
-        deaths: dict[int, str] = {}
-        owner: dict[Any, int] = {}
-        for r in self._ranks:
-            for s in r.sentinels():
-                owner[s] = r.rank
-        while pending:
-            limit = end if grace_end is None else min(end, grace_end)
-            remaining = limit - time.monotonic()
-            if remaining <= 0:
-                break
-            ready = wait([s for s, r in owner.items() if r in pending], remaining)
-            for s in ready:
-                rank = owner[s]
-                if rank not in pending:
-                    continue
-                failed = self._receive(self._ranks[rank], seq, replies, deaths)
-                if rank in replies or rank in deaths:
-                    pending.discard(rank)
-                if failed and grace_end is None:
-                    grace_end = time.monotonic() + self._grace
-        timed_out = bool(pending) and grace_end is None
-        return replies, deaths, pending, timed_out
-
-    def _receive(self, r: _Rank, seq: int, replies: dict[int, Any], deaths: dict[int, str]) -> bool:
-        """Read what rank ``r`` has to say; return True if it failed."""
-        eof = False
-        while True:
-            try:
-                if not r.conn.poll():
-                    break
-                msg = r.conn.recv()
-            except (EOFError, OSError):
-                eof = True
-                break
-            except Exception as exc:
-                replies[r.rank] = _protocol.Raised(
-                    seq,
-                    r.rank,
-                    type(exc).__qualname__,
-                    f"the parent could not unpickle the reply: {exc}",
-                    "",
-                )
-                return True
-            if seq == _STARTUP_SEQ and isinstance(msg, _protocol.Ready):
-                replies[r.rank] = msg
-                return False
-            if getattr(msg, "seq", None) != seq:
-                continue  # a late answer to an earlier call
-            replies[r.rank] = msg
-            return isinstance(msg, _protocol.Raised)
-        if eof or r.proc.poll() is not None or (r.pidfd is not None and wait([r.pidfd], 0)):
-            # EOF or exit: the process is gone (or going).
-            self._wait_exit([r], _KILL_AFTER_S)
-            if r.proc.poll() is None:
-                r.proc.kill()
-            deaths[r.rank] = self._death_text(r)
-            return True
-        return False
-
-    def _death_text(self, r: _Rank) -> str:
-        code = r.proc.wait()
-        tail = _tail(r.stderr_path).rstrip()
-        text = f"rank {r.rank} died: {_exit_text(code)}"
-        return f"{text}\n--- rank {r.rank} stderr (tail) ---\n{tail}" if tail else text
+        """Collect one answer per rank for call ``seq`` (see :func:`.calls.gather`)."""
+        return gather(self._ranks, seq, deadline_s, self._grace)
 
     def _failures(self, replies: dict[int, Any], deaths: dict[int, str], pending: set[int]) -> dict[int, str]:
         failures: dict[int, str] = dict(deaths)
@@ -573,48 +360,6 @@ class World:
                 )
         return failures
 
-    # ------------------------------------------------------------------ dumps
-    def _wait_exit(self, ranks: list[_Rank], timeout: float) -> None:
-        """Wait until every rank in ``ranks`` exited or ``timeout`` passed."""
-        end = time.monotonic() + timeout
-        alive = [r for r in ranks if r.proc.poll() is None]
-        while alive:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                return
-            fds = [r.pidfd for r in alive if r.pidfd is not None]
-            if fds:
-                wait(fds, remaining)
-            else:  # pragma: no cover - no pidfd: Popen's own timed wait
-                try:
-                    alive[0].proc.wait(remaining)
-                except subprocess.TimeoutExpired:
-                    return
-            alive = [r for r in alive if r.proc.poll() is None]
-
     def _dump(self, ranks: set[int]) -> dict[int, str]:
         """SIGTERM the ranks (faulthandler dumps every thread), reap, return stacks."""
-        targets = [self._ranks[r] for r in sorted(ranks)]
-        for r in targets:
-            if r.proc.poll() is None:
-                r.proc.send_signal(signal.SIGTERM)
-        self._wait_exit(targets, _KILL_AFTER_S)
-        stacks: dict[int, str] = {}
-        for r in targets:
-            killed = r.proc.poll() is None
-            if killed:
-                r.proc.kill()
-            r.proc.wait()
-            try:
-                stack = r.stack_path.read_text("utf-8", "replace").strip()
-            except OSError:
-                stack = ""
-            if not stack:
-                stack = "(no stack was dumped" + (
-                    f"; killed with SIGKILL after {_KILL_AFTER_S:g} s)" if killed else ")"
-                )
-            tail = _tail(r.stderr_path, 1500).rstrip()
-            if tail:
-                stack += f"\n--- rank {r.rank} stderr (tail) ---\n{tail}"
-            stacks[r.rank] = stack
-        return stacks
+        return processes.dump_stacks([self._ranks[r] for r in sorted(ranks)])

@@ -2,8 +2,9 @@
 
 Registered through the ``pytest11`` entry point ``nemo_dist``. It adds
 
-* options ``--dist-world-sizes=1,2,3,4`` (world sizes of ``dist_world`` tests)
-  and ``--dist-timeout=SECONDS`` (default deadline of one ``World.run``);
+* options ``--dist-world-sizes=1,2,3,4`` (world sizes of ``dist_world`` tests),
+  ``--dist-timeout=SECONDS`` (default deadline of one ``World.run``) and
+  ``--dist-require-gpu`` (see below);
 * markers ``gpu`` (NCCL worlds on CUDA; skipped without enough GPUs) and
   ``world_sizes(*sizes)`` (restrict a test's world sizes);
 * fixtures ``world_factory`` (session: ``(size, backend="gloo") -> World``,
@@ -14,17 +15,28 @@ Registered through the ``pytest11`` entry point ``nemo_dist``. It adds
 Tests using ``dist_world`` are marked ``xdist_group`` per (backend, size), so
 ``pytest -n auto --dist loadgroup`` keeps each world in one xdist worker. This
 module imports no torch at load time (only inside fixtures and GPU checks).
+
+On a GPU host, ``--dist-require-gpu`` (or the environment variable
+``NEMO_DIST_REQUIRE_GPU=1``) makes the run prove something: a ``gpu`` test
+whose GPUs are missing fails, naming what is missing ("CUDA is not available
+...", "an NCCL world of 4 needs 4 GPUs, 1 visible"), instead of skipping, and a
+run that selected no ``gpu`` test at all exits non-zero (status 5) saying so.
+
+``NEMO_DIST_FAKE_GPU_COUNT=N`` is a testing seam only: the plugin then takes N
+as the number of visible GPUs (0: no CUDA), so the harness's own tests can
+check the messages above on a CPU machine. It fakes nothing else; an NCCL
+world still needs real GPUs.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from nemo_dist.testing import profiles
+from nemo_dist.testing import options, profiles
 
 if TYPE_CHECKING:
     from nemo_dist.testing._world import World
@@ -35,7 +47,13 @@ _DEFAULT_SIZES = "1,2,3,4"
 _DEFAULT_TIMEOUT = "120"
 _SIZES_KEY = pytest.StashKey[tuple[int, ...]]()
 _TIMEOUT_KEY = pytest.StashKey[float]()
+_REQUIRE_GPU_KEY = pytest.StashKey[bool]()
+_GPU_TESTS_KEY = pytest.StashKey[int]()  # gpu tests selected (summed over xdist workers)
+_NO_GPU_TEST_KEY = pytest.StashKey[str]()  # the message of a --dist-require-gpu run without gpu tests
 _CUDA_COUNT: list[int] = []
+_REQUIRE_GPU_ENV = "NEMO_DIST_REQUIRE_GPU"
+_FAKE_GPU_COUNT_ENV = "NEMO_DIST_FAKE_GPU_COUNT"
+_WORKER_GPU_TESTS = "nemo_dist_gpu_tests"  # key of a worker's count in xdist's workeroutput
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,35 +74,56 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="default deadline of one World.run, after which hung ranks are "
         f"dumped and the world replaced (default {_DEFAULT_TIMEOUT})",
     )
+    group.addoption(
+        "--dist-require-gpu",
+        dest="dist_require_gpu",
+        action="store_true",
+        default=False,
+        help="fail (not skip) gpu tests whose CUDA or GPUs are missing, and fail a run that "
+        f"selects no gpu test (also enabled by {_REQUIRE_GPU_ENV}=1)",
+    )
 
 
 def _parse_sizes(text: str) -> tuple[int, ...]:
-    sizes: list[int] = []
-    for part in str(text).split(","):
-        try:
-            size = int(part.strip())
-        except ValueError:
-            size = 0
-        if size < 1:
-            raise pytest.UsageError(
-                "--dist-world-sizes expects a comma-separated list of world sizes "
-                f">= 1, such as --dist-world-sizes=1,2,4; got {text!r}"
-            )
-        if size not in sizes:
-            sizes.append(size)
-    return tuple(sizes)
+    try:
+        return options.parse_world_sizes(text)
+    except options.BadOptionValue as exc:
+        raise pytest.UsageError(
+            "--dist-world-sizes expects a comma-separated list of world sizes "
+            f">= 1, such as --dist-world-sizes=1,2,4; got {exc.text!r}"
+        ) from None
 
 
 def _parse_timeout(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
+        return options.parse_seconds(text)
+    except options.BadOptionValue as exc:
         raise pytest.UsageError(
-            f"--dist-timeout expects a number of seconds > 0, such as --dist-timeout=120; got {text!r}"
+            f"--dist-timeout expects a number of seconds > 0, such as --dist-timeout=120; got {exc.value!r}"
+        ) from None
+
+
+def _require_gpu_from_env() -> bool:
+    text = os.environ.get(_REQUIRE_GPU_ENV, "").strip()
+    if text not in ("", "0", "1"):
+        raise pytest.UsageError(
+            f"{_REQUIRE_GPU_ENV} expects 1 (fail gpu tests whose GPUs are missing, like "
+            f"--dist-require-gpu) or 0; got {text!r}"
         )
-    return value
+    return text == "1"
+
+
+def _fake_gpu_count() -> int | None:
+    text = os.environ.get(_FAKE_GPU_COUNT_ENV)
+    if text is None:
+        return None
+    try:
+        return options.parse_count(text)
+    except options.BadOptionValue:
+        raise pytest.UsageError(
+            f"{_FAKE_GPU_COUNT_ENV} (a testing seam: the number of GPUs the plugin takes as visible) "
+            f"expects an int >= 0; got {text!r}"
+        ) from None
 
 
 def _load_profile(config: pytest.Config) -> None:
@@ -116,7 +155,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Declare markers, validate options, choose the hypothesis profile."""
     config.addinivalue_line(
         "markers",
-        "gpu: runs in NCCL worlds on CUDA; skipped without CUDA or enough GPUs",
+        "gpu: runs in NCCL worlds on CUDA; skipped without CUDA or enough GPUs (failed under --dist-require-gpu)",
     )
     config.addinivalue_line(
         "markers",
@@ -124,6 +163,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_SIZES_KEY] = _parse_sizes(config.getoption("dist_world_sizes"))
     config.stash[_TIMEOUT_KEY] = _parse_timeout(config.getoption("dist_timeout"))
+    config.stash[_REQUIRE_GPU_KEY] = _require_gpu_from_env() or bool(config.getoption("dist_require_gpu"))
+    _fake_gpu_count()  # a malformed value stops the run here, not in a test
     _load_profile(config)
 
 
@@ -186,6 +227,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _cuda_count() -> int:
+    """Visible GPUs: ``NEMO_DIST_FAKE_GPU_COUNT`` when set (a testing seam), else torch's count (0 without CUDA)."""
+    fake = _fake_gpu_count()
+    if fake is not None:
+        return fake
     if not _CUDA_COUNT:
         import torch
 
@@ -193,18 +238,73 @@ def _cuda_count() -> int:
     return _CUDA_COUNT[0]
 
 
-def _require_gpus(size: int) -> None:
+def _missing_gpus(size: int | None = None) -> str | None:
+    """What a gpu test (with an NCCL world of ``size``, if given) lacks here, or None."""
     count = _cuda_count()
     if count == 0:
-        pytest.skip("gpu test: CUDA is not available (torch.cuda.is_available() is False)")
-    if count < size:
-        pytest.skip(f"gpu test: an NCCL world of {size} needs {size} GPUs, {count} visible")
+        return "CUDA is not available (torch.cuda.is_available() is False)"
+    if size is not None and count < size:
+        return f"an NCCL world of {size} needs {size} GPUs, {count} visible"
+    return None
+
+
+def _gpus_missing(missing: str, require_gpu: bool) -> None:
+    """Skip the test for ``missing``, or fail it under --dist-require-gpu."""
+    if require_gpu:
+        pytest.fail(
+            f"gpu test: {missing}; failed, not skipped, under --dist-require-gpu / {_REQUIRE_GPU_ENV}=1",
+            pytrace=False,
+        )
+    pytest.skip(f"gpu test: {missing}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip ``gpu`` tests, with the reason, where CUDA is missing."""
-    if item.get_closest_marker("gpu") is not None and _cuda_count() == 0:
-        pytest.skip("gpu test: CUDA is not available (torch.cuda.is_available() is False)")
+    """Skip ``gpu`` tests, with the reason, where CUDA is missing (fail them under --dist-require-gpu)."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    missing = _missing_gpus()
+    if missing is not None:
+        _gpus_missing(missing, item.config.stash[_REQUIRE_GPU_KEY])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Count the selected ``gpu`` tests (an xdist worker hands its count to the controller)."""
+    count = sum(1 for item in session.items if item.get_closest_marker("gpu") is not None)
+    session.config.stash[_GPU_TESTS_KEY] = count
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[_WORKER_GPU_TESTS] = count
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist controller: add up the workers' counts of selected ``gpu`` tests."""
+    count = getattr(node, "workeroutput", {}).get(_WORKER_GPU_TESTS)
+    if count is not None:
+        stash = node.config.stash
+        stash[_GPU_TESTS_KEY] = stash.get(_GPU_TESTS_KEY, 0) + count
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under --dist-require-gpu, a run that selected no ``gpu`` test exits non-zero."""
+    config = session.config
+    if not config.stash[_REQUIRE_GPU_KEY] or hasattr(config, "workeroutput"):
+        return
+    if config.stash.get(_GPU_TESTS_KEY, 0) > 0:
+        return
+    config.stash[_NO_GPU_TEST_KEY] = (
+        f"--dist-require-gpu / {_REQUIRE_GPU_ENV}=1: no gpu test was selected, so this run proves "
+        "nothing about GPUs; select gpu tests (such as -m gpu) or drop the switch"
+    )
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Say why a --dist-require-gpu run without gpu tests failed."""
+    message = config.stash.get(_NO_GPU_TEST_KEY, None)
+    if message is not None:
+        terminalreporter.write_line(f"ERROR: {message}", red=True, bold=True)
 
 
 def selected_world_sizes(config: pytest.Config) -> tuple[int, ...]:
@@ -222,19 +322,21 @@ class WorldFactory:
 
     A World is started once per (size, backend) and reused by every later
     call; :meth:`close` closes them all. For backend "nccl" the call skips the
-    test when CUDA or ``size`` GPUs are missing.
+    test when CUDA or ``size`` GPUs are missing (fails it with ``require_gpu``).
     """
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, *, require_gpu: bool = False) -> None:
         self._timeout = timeout
+        self._require_gpu = require_gpu
         self._worlds: dict[tuple[int, str], World] = {}
 
     def __call__(self, size: int, backend: str = "gloo") -> World:
         """Return the session's World of ``size`` ranks on ``backend``."""
         from nemo_dist.testing._world import World
 
-        if backend == "nccl":
-            _require_gpus(size)
+        missing = _missing_gpus(size) if backend == "nccl" else None
+        if missing is not None:
+            _gpus_missing(missing, self._require_gpu)
         key = (size, backend)
         world = self._worlds.get(key)
         if world is None or world.closed:
@@ -251,7 +353,7 @@ class WorldFactory:
 @pytest.fixture(scope="session")
 def world_factory(pytestconfig: pytest.Config) -> Iterator[WorldFactory]:
     """Session-wide ``(size, backend="gloo") -> World`` factory, closed at session end."""
-    factory = WorldFactory(pytestconfig.stash[_TIMEOUT_KEY])
+    factory = WorldFactory(pytestconfig.stash[_TIMEOUT_KEY], require_gpu=pytestconfig.stash[_REQUIRE_GPU_KEY])
     yield factory
     factory.close()
 

@@ -6,6 +6,7 @@ plugin imports no torch.
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import subprocess
 import sys
@@ -19,17 +20,23 @@ from nemo_dist.testing import (
     RankFailure,
     World,
     WorldTimeout,
+    calls,
+    options,
     plugin,
+    processes,
     profiles,
 )
 from tests.testing import rank_fns
 
 
-@pytest.mark.parametrize("module", [testing, plugin, profiles], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [testing, plugin, profiles, processes, calls, options], ids=lambda m: m.__name__)
 def test_all_names_resolve(module: object) -> None:
-    """Every name in a public module's __all__ exists."""
+    """Every name in a public module's __all__ exists; its functions and classes have docstrings."""
     for name in module.__all__:  # type: ignore[attr-defined]
         assert hasattr(module, name), name
+        value = getattr(module, name)
+        if inspect.isfunction(value) or inspect.isclass(value):
+            assert inspect.getdoc(value), f"{name} has no docstring"
 
 
 def test_public_api_names() -> None:
