@@ -25,8 +25,9 @@ from nemo_dist.conformance.target import (
     validate_implementation,
 )
 from nemo_dist.conformance.verdicts import Report, Verdict
+from nemo_dist.testing import gpus, options
 
-__all__ = ["DEFAULT_MAX_EXAMPLES", "DEFAULT_WORLD_SIZES", "UsageError", "main", "option_name"]
+__all__ = ["DEFAULT_MAX_EXAMPLES", "DEFAULT_WORLD_SIZES", "UsageError", "fitting_world_sizes", "main", "option_name"]
 
 #: World sizes when ``--world-sizes`` is not given (the reference run takes
 #: well under 3 minutes with them on a 2-core machine; see conformance/README.md).
@@ -106,21 +107,35 @@ def _parser() -> argparse.ArgumentParser:
 
 def _positive_int(option: str, text: str, example: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"{option} expects an integer >= 1, such as {option} {example}; got {text!r}")
-    return value
+        return options.parse_positive_int(text)
+    except options.BadOptionValue:
+        raise UsageError(f"{option} expects an integer >= 1, such as {option} {example}; got {text!r}") from None
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
-    sizes: list[int] = []
-    for part in text.split(","):
-        size = _positive_int("--world-sizes", part.strip(), "2,3")
-        if size not in sizes:
-            sizes.append(size)
-    return tuple(sizes)
+    try:
+        return options.parse_world_sizes(text)
+    except options.BadOptionValue as exc:
+        got = exc.value.strip()
+        raise UsageError(f"--world-sizes expects an integer >= 1, such as --world-sizes 2,3; got {got!r}") from None
+
+
+def _timeout(text: str) -> float:
+    try:
+        return options.parse_seconds(text)
+    except options.BadOptionValue:
+        raise UsageError(f"--timeout expects a number of seconds > 0, such as --timeout 120; got {text!r}") from None
+
+
+def fitting_world_sizes(sizes: Sequence[int], gpus_visible: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The sizes an NCCL run can start with ``gpus_visible`` GPUs (one per rank), and a note per size left out."""
+    fit = tuple(s for s in sizes if s <= gpus_visible)
+    notes = tuple(
+        f"world size {s} not run: an NCCL world of {s} needs {s} GPUs, {gpus_visible} visible"
+        for s in sizes
+        if s > gpus_visible
+    )
+    return fit, notes
 
 
 def option_name(field: str) -> str:
@@ -128,29 +143,36 @@ def option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
+def _nccl_sizes(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The sizes that fit the visible GPUs and notes on the others; a usage error when CUDA or every size is missing."""
+    try:
+        visible = gpus.visible_gpu_count()
+    except options.BadOptionValue as exc:
+        raise UsageError(f"{gpus.FAKE_GPU_COUNT_ENV} expects an int >= 0; got {exc.value!r}") from None
+    if visible == 0:
+        raise UsageError("--backend nccl needs CUDA, and torch.cuda.is_available() is False here; use --backend gloo")
+    fit, notes = fitting_world_sizes(sizes, visible)
+    if not fit:
+        raise UsageError(
+            f"--world-sizes {','.join(map(str, sizes))}: none fits the {visible} visible GPU(s) (an NCCL world "
+            f"needs one GPU per rank); choose sizes of at most {visible}, such as --world-sizes 1"
+        )
+    return fit, notes
 
 
 def _options(
     args: argparse.Namespace,
-) -> tuple[Implementation, tuple[str, ...], tuple[int, ...], int, float]:
+) -> tuple[Implementation, tuple[str, ...], tuple[int, ...], int, float, tuple[str, ...]]:
     if args.tier not in TIERS:
         raise UsageError(f"--tier expects one of {', '.join(TIERS)}; got {args.tier!r}")
     if args.backend not in ("gloo", "nccl"):
         raise UsageError(f"--backend expects gloo or nccl; got {args.backend!r}")
-    if args.backend == "nccl" and not _cuda_available():
-        raise UsageError("--backend nccl needs CUDA, and torch.cuda.is_available() is False here; use --backend gloo")
     sizes = _world_sizes(args.world_sizes)
     max_examples = _positive_int("--max-examples", args.max_examples, "25")
-    try:
-        timeout = float(args.timeout)
-    except ValueError:
-        timeout = -1.0
-    if not 0 < timeout < float("inf"):
-        raise UsageError(f"--timeout expects a number of seconds > 0, such as --timeout 120; got {args.timeout!r}")
+    timeout = _timeout(args.timeout)
+    notes: tuple[str, ...] = ()
+    if args.backend == "nccl":
+        sizes, notes = _nccl_sizes(sizes)
     try:
         impl, components = resolve_implementation(
             gather=args.gather,
@@ -164,7 +186,7 @@ def _options(
         validate_implementation(impl)
     except OptionError as exc:
         raise UsageError(exc.worded(option_name)) from None
-    return impl, components, sizes, max_examples, timeout
+    return impl, components, sizes, max_examples, timeout, notes
 
 
 def _emit(report: Report, args: argparse.Namespace) -> int:
@@ -190,7 +212,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     try:
-        impl, components, _, max_examples, timeout = _options(args)
+        impl, components, _, max_examples, timeout, _ = _options(args)
     except UsageError as exc:
         if rank == 0:
             print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
@@ -240,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if in_torchrun():
         return _main_torchrun(args)
     try:
-        impl, components, sizes, max_examples, timeout = _options(args)
+        impl, components, sizes, max_examples, timeout, size_notes = _options(args)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -263,5 +285,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_verdict=_progress(args),
         components=components,
     )
-    return _emit(report, args)
+    return _emit(report.with_notes(*size_notes) if size_notes else report, args)
 

@@ -230,6 +230,16 @@ def _prepared(world: Any, checks: Sequence[Check], impl: Implementation, notes: 
     return impl
 
 
+def _not_started(case: Case, error: Exception) -> Verdict:
+    """The verdict of a case whose world failed to start: a failure naming the start error, with no run."""
+    c = case.check
+    if case.impl is None:
+        return run_case(case, None)
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    message = f"WorldError: the world of {case.world_size} ranks did not start, so this check did not run: {first}"
+    return Verdict(case.name, c.component, c.tier, case.world_size, "fail", 0.0, f"{message}\n{error}")
+
+
 def _refined(case: Case, prepared: Implementation) -> Case:
     """``case`` with what the suites' preparation changed in the implementation (its pinned entry point kept)."""
     if case.impl is None:
@@ -259,9 +269,13 @@ def run_checks_in(
     if any(case.applies and case.impl is not None for case in found):
         start = getattr(world, "start", None)
         if callable(start):
-            # A start-up failure comes back as the first check's verdict.
-            with contextlib.suppress(Exception):
+            try:
                 start()
+            except Exception as exc:  # started once: every case says why, none relaunches the world
+                for case in found:
+                    verdict = _not_started(case, exc) if case.applies else run_case(case, world)
+                    _record(verdict, verdicts, on_verdict)
+                return
         if deadlines is not None and callable(getattr(world, "run_with_deadline", None)):
             target = DeadlineWorld(world, deadlines)
         prepared = _prepared(target, checks, impl, [] if notes is None else notes)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from nemo_dist.testing import options, profiles
+from nemo_dist.testing import gpus, options, profiles
 
 if TYPE_CHECKING:
     from nemo_dist.testing._world import World
@@ -50,9 +50,7 @@ _TIMEOUT_KEY = pytest.StashKey[float]()
 _REQUIRE_GPU_KEY = pytest.StashKey[bool]()
 _GPU_TESTS_KEY = pytest.StashKey[int]()  # gpu tests selected (summed over xdist workers)
 _NO_GPU_TEST_KEY = pytest.StashKey[str]()  # the message of a --dist-require-gpu run without gpu tests
-_CUDA_COUNT: list[int] = []
 _REQUIRE_GPU_ENV = "NEMO_DIST_REQUIRE_GPU"
-_FAKE_GPU_COUNT_ENV = "NEMO_DIST_FAKE_GPU_COUNT"
 _WORKER_GPU_TESTS = "nemo_dist_gpu_tests"  # key of a worker's count in xdist's workeroutput
 
 
@@ -113,19 +111,6 @@ def _require_gpu_from_env() -> bool:
     return text == "1"
 
 
-def _fake_gpu_count() -> int | None:
-    text = os.environ.get(_FAKE_GPU_COUNT_ENV)
-    if text is None:
-        return None
-    try:
-        return options.parse_count(text)
-    except options.BadOptionValue:
-        raise pytest.UsageError(
-            f"{_FAKE_GPU_COUNT_ENV} (a testing seam: the number of GPUs the plugin takes as visible) "
-            f"expects an int >= 0; got {text!r}"
-        ) from None
-
-
 def _load_profile(config: pytest.Config) -> None:
     try:
         from hypothesis import settings
@@ -164,7 +149,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SIZES_KEY] = _parse_sizes(config.getoption("dist_world_sizes"))
     config.stash[_TIMEOUT_KEY] = _parse_timeout(config.getoption("dist_timeout"))
     config.stash[_REQUIRE_GPU_KEY] = _require_gpu_from_env() or bool(config.getoption("dist_require_gpu"))
-    _fake_gpu_count()  # a malformed value stops the run here, not in a test
+    if os.environ.get(gpus.FAKE_GPU_COUNT_ENV) is not None:
+        _cuda_count()  # a malformed seam value stops the run here, not in a test
     _load_profile(config)
 
 
@@ -227,25 +213,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _cuda_count() -> int:
-    """Visible GPUs: ``NEMO_DIST_FAKE_GPU_COUNT`` when set (a testing seam), else torch's count (0 without CUDA)."""
-    fake = _fake_gpu_count()
-    if fake is not None:
-        return fake
-    if not _CUDA_COUNT:
-        import torch
-
-        _CUDA_COUNT.append(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    return _CUDA_COUNT[0]
+    """Visible GPUs (see :mod:`nemo_dist.testing.gpus`); a bad seam value is a usage error."""
+    try:
+        return gpus.visible_gpu_count()
+    except options.BadOptionValue:
+        raise pytest.UsageError(
+            f"{gpus.FAKE_GPU_COUNT_ENV} (a testing seam: the number of GPUs the plugin takes as visible) "
+            f"expects an int >= 0; got {os.environ.get(gpus.FAKE_GPU_COUNT_ENV)!r}"
+        ) from None
 
 
 def _missing_gpus(size: int | None = None) -> str | None:
     """What a gpu test (with an NCCL world of ``size``, if given) lacks here, or None."""
-    count = _cuda_count()
-    if count == 0:
-        return "CUDA is not available (torch.cuda.is_available() is False)"
-    if size is not None and count < size:
-        return f"an NCCL world of {size} needs {size} GPUs, {count} visible"
-    return None
+    _cuda_count()  # a bad seam value first, as a usage error
+    return gpus.missing_gpus(size)
 
 
 def _gpus_missing(missing: str, require_gpu: bool) -> None:

@@ -19,11 +19,13 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run_command(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python -m nemo_dist.conformance *args`` in the checkout root; stdout and stderr captured."""
+def run_command(
+    *args: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m nemo_dist.conformance *args`` in the checkout root (``env`` added); stdout and stderr captured."""
     return subprocess.run(
         [sys.executable, "-m", "nemo_dist.conformance", *args],
-        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=ROOT, env={**clean_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout, check=False,
     )
 
 

@@ -123,3 +123,42 @@ def test_nccl_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
         pytest.skip("CUDA is available here, so nccl is a valid backend")
     assert main(["--backend", "nccl"]) == 2
     assert "use --backend gloo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("sizes", "gpus", "fit", "left_out"),
+    [
+        ((1, 2, 3, 4), 1, (1,), (2, 3, 4)),
+        ((1, 2, 3, 4), 8, (1, 2, 3, 4), ()),
+        ((2, 4), 2, (2,), (4,)),
+        ((2, 3), 1, (), (2, 3)),
+    ],
+    ids=["one_gpu_default_sizes", "eight_gpus", "two_gpus", "none_fits"],
+)
+def test_nccl_runs_only_the_world_sizes_the_visible_gpus_allow(
+    sizes: tuple[int, ...], gpus: int, fit: tuple[int, ...], left_out: tuple[int, ...]
+) -> None:
+    """One GPU per rank: sizes above the visible count are left out, each named once with its reason."""
+    from nemo_dist.conformance.cli import fitting_world_sizes
+
+    got, notes = fitting_world_sizes(sizes, gpus)
+    assert got == fit
+    assert notes == tuple(
+        f"world size {s} not run: an NCCL world of {s} needs {s} GPUs, {gpus} visible" for s in left_out
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpus", "args", "message"),
+    [
+        ("1", ("--world-sizes", "2,3"), "--world-sizes 2,3: none fits the 1 visible GPU(s)"),
+        ("0", (), "--backend nccl needs CUDA"),
+    ],
+    ids=["no_size_fits", "no_cuda"],
+)
+def test_nccl_without_a_fitting_size_is_a_usage_error(gpus: str, args: tuple[str, ...], message: str) -> None:
+    """On nccl, asking only for sizes the GPUs cannot hold (or having no CUDA) exits 2 naming why, starting nothing."""
+    result = run_command("--backend", "nccl", *args, env={"NEMO_DIST_FAKE_GPU_COUNT": gpus}, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""

@@ -142,3 +142,25 @@ def test_step_deadline_is_ten_times_the_slowest_passing_step_within_floor_and_ca
     deadlines.passed(60.0)
     assert deadlines.current() == 120
     assert Deadlines(cap_s=4).current() == 4
+
+
+def test_a_world_that_fails_to_start_is_started_once_and_each_check_says_why() -> None:
+    """A world whose start fails is not relaunched per check: each check that applies FAILs naming the start error."""
+    from tests.testing import rank_fns
+
+    starts: list[int] = []
+
+    class CountingWorld(World):
+        def start(self, *, wait: bool = True) -> None:
+            starts.append(1)
+            super().start(wait=wait)
+
+    with CountingWorld(2, timeout=60, setup=rank_fns.failing_setup) as world:
+        checks = [fake.PASSING, fake.FAILING, fake.SIZE_TWO_ONLY]
+        report = run_checks(checks, REFERENCE, (2,), max_examples=3, worlds=lambda size: world)
+    assert len(starts) == 1
+    assert [v.outcome for v in report.verdicts] == ["fail", "fail", "fail"]
+    for v in report.verdicts:
+        assert "the world of 2 ranks did not start, so this check did not run" in v.message
+        assert "setup cannot run here" in v.message
+    assert report.exit_code() == 1
