@@ -1,7 +1,7 @@
 """The small seeded models the DDP checks train: transformer-like blocks that count their forward calls.
 
 Built on CPU in float64 by the rank functions (:mod:`~nemo_dist.conformance.ddp.ranks`);
-the attention and MLP of each block count how often their ``forward`` runs,
+the attention and _MLP of each block count how often their ``forward`` runs,
 so checkpointing shows as extra calls during backward.
 """
 
@@ -12,25 +12,15 @@ from typing import cast
 import torch
 from torch import nn
 
-__all__ = [
-    "DIM",
-    "MLP",
-    "Attention",
-    "Block",
-    "Buffered",
-    "MultimodalModel",
-    "SometimesUnused",
-    "TinyModel",
-    "Tower",
-    "bucket_model",
-    "multimodal_blocks",
-]
+# The model classes keep their leading underscore: their names appear in verdicts
+# ("the entry point returned _TinyModel, not DistributedDataParallel").
+__all__ = ["DIM", "bucket_model", "multimodal_blocks"]
 
 #: Feature width of the models.
 DIM = 8
 
 
-class Attention(nn.Module):
+class _Attention(nn.Module):
     """Row-wise attention-like mixing; counts its forward calls (recompute included)."""
 
     def __init__(self, dim: int) -> None:
@@ -44,8 +34,8 @@ class Attention(nn.Module):
         return torch.softmax(self.query(x), dim=-1) * self.value(x)
 
 
-class MLP(nn.Module):
-    """Two-layer tanh MLP; counts its forward calls."""
+class _MLP(nn.Module):
+    """Two-layer tanh _MLP; counts its forward calls."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -58,25 +48,25 @@ class MLP(nn.Module):
         return self.down(torch.tanh(self.up(x)))
 
 
-class Block(nn.Module):
-    """A transformer-like block: residual attention, then residual MLP (rows independent)."""
+class _Block(nn.Module):
+    """A transformer-like block: residual attention, then residual _MLP (rows independent)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
-        self.attn = Attention(dim)
-        self.mlp = MLP(dim)
+        self.attn = _Attention(dim)
+        self.mlp = _MLP(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attn(x)
         return h + self.mlp(h)
 
 
-class TinyModel(nn.Module):
+class _TinyModel(nn.Module):
     """``model.layers`` (the language group) of two blocks and a linear head."""
 
     def __init__(self, dim: int = DIM, depth: int = 2) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(Block(dim) for _ in range(depth))
+        self.layers = nn.ModuleList(_Block(dim) for _ in range(depth))
         self.head = nn.Linear(dim, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,13 +75,13 @@ class TinyModel(nn.Module):
         return self.head(x)
 
 
-class Tower(nn.Module):
+class _Tower(nn.Module):
     """A stack of blocks kept under the attribute name ``attr``."""
 
     def __init__(self, attr: str, depth: int, dim: int) -> None:
         super().__init__()
         self.attr = attr
-        setattr(self, attr, nn.ModuleList(Block(dim) for _ in range(depth)))
+        setattr(self, attr, nn.ModuleList(_Block(dim) for _ in range(depth)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in getattr(self, self.attr):
@@ -99,14 +89,14 @@ class Tower(nn.Module):
         return x
 
 
-class MultimodalModel(nn.Module):
+class _MultimodalModel(nn.Module):
     """``language_model.layers``, ``visual.blocks`` (block 1 frozen), ``audio_tower.layers``."""
 
     def __init__(self, dim: int = DIM) -> None:
         super().__init__()
-        self.language_model = Tower("layers", 2, dim)
-        self.visual = Tower("blocks", 2, dim)
-        self.audio_tower = Tower("layers", 2, dim)
+        self.language_model = _Tower("layers", 2, dim)
+        self.visual = _Tower("blocks", 2, dim)
+        self.audio_tower = _Tower("layers", 2, dim)
         cast(nn.ModuleList, self.visual.blocks)[1].requires_grad_(False)
         self.head = nn.Linear(dim, 1)
 
@@ -114,7 +104,7 @@ class MultimodalModel(nn.Module):
         return self.head(self.language_model(x) + self.visual(x) + self.audio_tower(x))
 
 
-def multimodal_blocks(model: MultimodalModel) -> dict[str, tuple[Block, bool]]:
+def multimodal_blocks(model: _MultimodalModel) -> dict[str, tuple[_Block, bool]]:
     """Block name ("vision.1") -> (block, has a trainable parameter), taken before wrapping."""
     towers = {
         "language": cast(nn.ModuleList, model.language_model.layers),
@@ -122,13 +112,13 @@ def multimodal_blocks(model: MultimodalModel) -> dict[str, tuple[Block, bool]]:
         "audio": cast(nn.ModuleList, model.audio_tower.layers),
     }
     return {
-        f"{group}.{index}": (cast(Block, block), any(p.requires_grad for p in block.parameters()))
+        f"{group}.{index}": (cast(_Block, block), any(p.requires_grad for p in block.parameters()))
         for group, container in towers.items()
         for index, block in enumerate(container)
     }
 
 
-class Buffered(nn.Module):
+class _Buffered(nn.Module):
     """A linear layer plus a registered ``offset`` buffer; records the offset each forward sees."""
 
     def __init__(self, dim: int = DIM) -> None:
@@ -143,7 +133,7 @@ class Buffered(nn.Module):
         return self.linear(x) + self.offset
 
 
-class SometimesUnused(nn.Module):
+class _SometimesUnused(nn.Module):
     """``used`` is always applied; ``skipped`` never is, so it gets no gradient."""
 
     def __init__(self, dim: int = DIM) -> None:

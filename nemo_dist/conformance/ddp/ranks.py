@@ -46,10 +46,10 @@ from nemo_dist.conformance.ddp.entry_point import (
 )
 from nemo_dist.conformance.ddp.models import (
     DIM,
-    Buffered,
-    MultimodalModel,
-    SometimesUnused,
-    TinyModel,
+    _Buffered,
+    _MultimodalModel,
+    _SometimesUnused,
+    _TinyModel,
     bucket_model,
     multimodal_blocks,
 )
@@ -129,7 +129,7 @@ def placement(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, 
     stores indices: ints; None when not a DDP) and, under CUDA, the current
     CUDA device after the entry point ran.
     """
-    model = seeded(TinyModel, 0)
+    model = seeded(_TinyModel, 0)
     wrapped, current = _with_other_current_gpu(lambda: parallelizer(impl, config_kwargs).parallelize(model))
     is_ddp = isinstance(wrapped, DistributedDataParallel)
     return {
@@ -152,9 +152,9 @@ def requires_process_group(impl: Implementation) -> str | None:
     module = impl.module("ddp")
     try:
         if impl.resolved_ddp_api() == "DDPManager":
-            module.DDPManager(config).parallelize(seeded(TinyModel, 0))
+            module.DDPManager(config).parallelize(seeded(_TinyModel, 0))
         else:
-            module.parallelize_ddp(seeded(TinyModel, 0), config)
+            module.parallelize_ddp(seeded(_TinyModel, 0), config)
     except Exception as exc:  # the check asserts on the type
         return type(exc).__name__
     return None
@@ -167,7 +167,7 @@ def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list
     value forward 2 saw after each rank set its buffer to rank + 10 in between.
     """
     rank = dist.get_rank()
-    model = seeded(Buffered, 1)
+    model = seeded(_Buffered, 1)
     model.offset.fill_(float(rank))
     wrapped = parallelizer(impl, {"broadcast_buffers": broadcast_buffers}).parallelize(model)
     after_init = model.offset.tolist()
@@ -227,7 +227,7 @@ def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict
     the DDP error is caught on the rank so every rank reports it. When the
     entry point does not return a DDP, :class:`NotDDP`.
     """
-    model = seeded(SometimesUnused, 3)
+    model = seeded(_SometimesUnused, 3)
     wrapped = parallelizer(impl, {"find_unused_parameters": find_unused_parameters}).parallelize(model)
     if not isinstance(wrapped, DistributedDataParallel):
         return NotDDP(type(wrapped).__name__)
@@ -293,8 +293,8 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
     """
     runs: dict[str, Any] = {}
     settings = {
-        "checkpointed": (TinyModel, {"activation_checkpointing": True}, {"activation_checkpointing": True}),
-        "unused": (SometimesUnused, {}, {"find_unused_parameters": True}),
+        "checkpointed": (_TinyModel, {"activation_checkpointing": True}, {"activation_checkpointing": True}),
+        "unused": (_SometimesUnused, {}, {"find_unused_parameters": True}),
     }
     for name, (factory, static_extra, dynamic_extra) in settings.items():
         model = seeded(factory, 5)
@@ -324,13 +324,13 @@ def checkpoint_recompute(
     {"recomputed": {block: (attn runs in backward, mlp runs in backward)}, "grads": [...]}}}``,
     with ``plain_grads`` from the same model wrapped without checkpointing.
     """
-    plain = seeded(MultimodalModel, 6)
+    plain = seeded(_MultimodalModel, 6)
     plain_wrapped = parallelizer(impl, {}).parallelize(plain)  # kept alive through backward
     x = local_rows(global_x, device_of(plain))
     square_loss(plain_wrapped(x)).backward()
     result: dict[str, Any] = {"plain_grads": grads_of(plain), "scopes": {}}
     for scope in scopes:
-        model = seeded(MultimodalModel, 6)
+        model = seeded(_MultimodalModel, 6)
         blocks = multimodal_blocks(model)
         result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
@@ -347,7 +347,7 @@ def checkpoint_recompute(
 
 def autocast_output_dtype(impl: Implementation, autocast_dtype: Any) -> str:
     """The dtype (as a string) of a float32 tiny model's output through the wrapper."""
-    model = seeded(TinyModel, 7, torch.float32)
+    model = seeded(_TinyModel, 7, torch.float32)
     wrapped = parallelizer(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
     return str(wrapped(torch.ones(2, DIM, device=device_of(model))).dtype)
 
@@ -412,10 +412,10 @@ def train_config(
     """
     autocast = config_kwargs.get("autocast_dtype")
     dtype = torch.float64 if autocast is None else torch.float32
-    model = seeded(TinyModel, 9, dtype)
+    model = seeded(_TinyModel, 9, dtype)
     wrapped = parallelizer(impl, config_kwargs).parallelize(model)
     device = device_of(model)
-    reference = seeded(TinyModel, 9, dtype).to(device)
+    reference = seeded(_TinyModel, 9, dtype).to(device)
     params = _train(wrapped, model, local_rows(global_x, device).to(dtype), steps, 0.1)
     full = global_x.to(device=device, dtype=dtype)
     for _ in range(steps):
