@@ -72,6 +72,7 @@ TARGETS: dict[str, tuple[Implementation, tuple[str, ...], tuple[int, ...]]] = {
     "upstream_style_gather": (*_alone("upstream_style_gather"), (2, 3)),
     "independent": (*_trio("independent"), (1, 2, 3)),
     "upstream_faithful": (*_trio("upstream_faithful"), (1, 2)),
+    "upstream_faithful_bf16_ddp": (*_alone("upstream_faithful_bf16_ddp"), (1,)),
 }
 COVERED = {f for f in _FORK_FILES if f.startswith(("broken_", "independent_", "upstream_faithful_"))} | {
     "upstream_style_gather"
@@ -200,3 +201,11 @@ def test_upstream_faithful_fork_conforms_and_reports_upstreams_extended_findings
     not_applicable = {v.check.split("[")[0] for v in report.verdicts if v.outcome == "not applicable"}
     assert {"ddp.bucket_cap_mb", "ddp.gradient_as_bucket_view", "ddp.static_graph"} <= not_applicable, table
     assert "DeprecationWarning: DDPManager is deprecated" in table
+
+
+@pytest.mark.parametrize("fork", _params(["upstream_faithful_bf16_ddp"]))
+def test_entry_point_casting_to_bfloat16_conforms_compared_in_its_dtype(fork: str, world_factory: WorldFactory) -> None:
+    """A world-of-one entry point that casts the model to bfloat16 (upstream on CUDA) conforms: no dtype crash."""
+    report, table = _report(fork, world_factory)
+    assert report.exit_code() == 0, table
+    assert "must have the same dtype" not in table

@@ -41,6 +41,7 @@ from nemo_dist.conformance.ddp.expectations import (
     assert_close_lists,
     assert_ranks_identical,
     checkpoint_role,
+    tolerance_for,
 )
 from nemo_dist.conformance.registry import WorldLike, check
 from nemo_dist.conformance.target import Implementation, NotApplicable
@@ -310,7 +311,7 @@ def _check_recompute(
                 run["grads"],
                 got["plain_grads"],
                 f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: gradients vs no checkpointing",
-                TOLERANCE_TIGHT,
+                tolerance_for(got["dtype"], TOLERANCE_TIGHT),
             )
 
 
@@ -356,9 +357,10 @@ def contrastive_loss_equals_full_batch(world: WorldLike, impl: Implementation) -
         results = world.run(ranks.contrastive_identity, impl, x, y, 3, 0.1, 0.5)
         for rank, got in enumerate(results):
             what = f"rank {rank}: step-1 gradient vs full batch"
-            assert_close_lists(got["ddp"], got["reference"], what, TOLERANCE_TIGHT)
+            tolerance = tolerance_for(got["dtype"], TOLERANCE_TIGHT)
+            assert_close_lists(got["ddp"], got["reference"], what, tolerance)
             what = f"rank {rank}: parameters after 3 steps vs full batch"
-            assert_close_lists(got["params"], got["reference_params"], what, TOLERANCE_TIGHT)
+            assert_close_lists(got["params"], got["reference_params"], what, tolerance)
         assert_ranks_identical([got["params"] for got in results], "contrastive training")
 
     example()
@@ -374,8 +376,9 @@ def any_config_trains_like_one_process(world: WorldLike, impl: Implementation) -
     def example(config: dict[str, Any], seed: int, rows: int) -> None:
         global_x = _global_batch(seed, rows * world.size)
         results = world.run(ranks.train_config, impl, config, global_x, 2)
-        tolerance = TOLERANCE_FLOAT64 if config.get("autocast_dtype") is None else TOLERANCE_BF16
         for rank, got in enumerate(results):
+            tolerance = TOLERANCE_FLOAT64 if config.get("autocast_dtype") is None else TOLERANCE_BF16
+            tolerance = tolerance_for(got["dtype"], tolerance)
             assert_close_lists(
                 got["params"], got["reference"], f"config {config}, rank {rank}: DDP vs full batch", tolerance
             )

@@ -28,6 +28,7 @@ __all__ = [
     "ddp_device_ids",
     "device_indices",
     "device_of",
+    "dtype_of",
     "grads_of",
     "local_rows",
     "parallelizer",
@@ -81,6 +82,16 @@ def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
 def device_of(module: nn.Module) -> torch.device:
     """The device of ``module``'s first parameter: where its inputs and reference copies go."""
     return next(module.parameters()).device
+
+
+def dtype_of(module: nn.Module) -> torch.dtype:
+    """The dtype of ``module``'s first parameter: inputs and reference copies follow it.
+
+    An entry point may change the model's dtype (upstream casts to bfloat16 in
+    a world of one on CUDA); the rank functions then compute in that dtype and
+    report it, and the parent compares with that dtype's tolerance.
+    """
+    return next(module.parameters()).dtype
 
 
 def ddp_device_ids(device: torch.device) -> list[torch.device] | None:

@@ -19,6 +19,7 @@ __all__ = [
     "assert_close_lists",
     "assert_ranks_identical",
     "checkpoint_role",
+    "tolerance_for",
 ]
 
 #: Scopes the checkpointing check runs, and the layer groups each selects.
@@ -70,3 +71,13 @@ def checkpoint_role(mode: bool | str, trainable: bool, group: str, scope: str) -
     if not mode:
         return False, "a block, with checkpointing off"
     return False, "a frozen block" if not trainable else "an unselected block"
+
+
+def tolerance_for(dtype: str, tolerance: dict[str, float]) -> dict[str, float]:
+    """``tolerance``, or :data:`TOLERANCE_BF16` when the ranks computed in a half-precision dtype.
+
+    ``dtype`` is the model's parameter dtype as a rank reported it
+    (``"torch.bfloat16"``): an entry point that casts the model (upstream in a
+    world of one on CUDA) is compared in its own precision, never crashed on.
+    """
+    return TOLERANCE_BF16 if dtype in ("torch.bfloat16", "torch.float16") else tolerance

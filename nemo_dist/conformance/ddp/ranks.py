@@ -36,6 +36,7 @@ from nemo_dist.conformance.ddp.entry_point import (
     ddp_device_ids,
     device_indices,
     device_of,
+    dtype_of,
     grads_of,
     local_rows,
     parallelizer,
@@ -321,21 +322,22 @@ def checkpoint_recompute(
     """For each scope: which blocks' attn/mlp ran again in backward, and the gradients.
 
     Returns ``{"trainable": {block: bool}, "plain_grads": [...], "scopes": {repr(scope):
-    {"recomputed": {block: (attn runs in backward, mlp runs in backward)}, "grads": [...]}}}``,
-    with ``plain_grads`` from the same model wrapped without checkpointing.
+    {"recomputed": {block: (attn runs in backward, mlp runs in backward)}, "grads": [...]}},
+    "dtype": the wrapped model's parameter dtype}``, with ``plain_grads`` from the same
+    model wrapped without checkpointing; inputs follow the wrapped model's device and dtype.
     """
     plain = seeded(_MultimodalModel, 6)
     plain_wrapped = parallelizer(impl, {}).parallelize(plain)  # kept alive through backward
-    x = local_rows(global_x, device_of(plain))
+    x = local_rows(global_x, device_of(plain)).to(dtype_of(plain))
     square_loss(plain_wrapped(x)).backward()
-    result: dict[str, Any] = {"plain_grads": grads_of(plain), "scopes": {}}
+    result: dict[str, Any] = {"plain_grads": grads_of(plain), "scopes": {}, "dtype": str(dtype_of(plain))}
     for scope in scopes:
         model = seeded(_MultimodalModel, 6)
         blocks = multimodal_blocks(model)
         result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
         wrapped = parallelizer(impl, config).parallelize(model)
-        loss = square_loss(wrapped(x.to(device_of(model))))
+        loss = square_loss(wrapped(x.to(device_of(model), dtype_of(model))))
         before = {name: (b.attn.calls, b.mlp.calls) for name, (b, _) in blocks.items()}
         loss.backward()
         recomputed = {
@@ -349,7 +351,7 @@ def autocast_output_dtype(impl: Implementation, autocast_dtype: Any) -> str:
     """The dtype (as a string) of a float32 tiny model's output through the wrapper."""
     model = seeded(_TinyModel, 7, torch.float32)
     wrapped = parallelizer(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
-    return str(wrapped(torch.ones(2, DIM, device=device_of(model))).dtype)
+    return str(wrapped(torch.ones(2, DIM, device=device_of(model), dtype=dtype_of(model))).dtype)
 
 
 def _info_nce_terms(anchors: torch.Tensor, candidates: torch.Tensor, first_row: int, tau: float) -> torch.Tensor:
@@ -369,8 +371,8 @@ def contrastive_identity(
     rows of the InfoNCE terms against all N candidates.  DDP averages over W
     ranks, so the gradient is (1/W) * sum_r (W/N) * sum_{i in r} grad l_i, which is
     the full-batch gradient of mean_i l_i: the copy computes that in one process.
-    The copy runs on the wrapped model's device. Returns the gradients of step 1
-    and the parameters after ``steps``, both sides.
+    The copy runs on the wrapped model's device, in its dtype. Returns the
+    gradients of step 1, the parameters after ``steps``, both sides, and the dtype.
     """
     gather = impl.module("gather").all_gather_with_grad
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -381,10 +383,10 @@ def contrastive_identity(
 
     model = seeded(encoder, 8)
     wrapped = parallelizer(impl, {}).parallelize(model)
-    device = device_of(model)
-    reference = seeded(encoder, 8).to(device)
-    x, y = local_rows(global_x, device), local_rows(global_y, device)
-    global_x, global_y = global_x.to(device), global_y.to(device)
+    device, dtype = device_of(model), dtype_of(model)
+    reference = seeded(encoder, 8).to(device, dtype)
+    x, y = local_rows(global_x, device).to(dtype), local_rows(global_y, device).to(dtype)
+    global_x, global_y = global_x.to(device, dtype), global_y.to(device, dtype)
     grads: dict[str, Any] = {}
     for step in range(steps):
         embedded = wrapped(torch.cat([x, y]))
@@ -397,7 +399,8 @@ def contrastive_identity(
             grads = {"ddp": grads_of(model), "reference": grads_of(reference)}
         sgd_step(model, lr)
         sgd_step(reference, lr)
-    return {**grads, "params": params_of(model), "reference_params": params_of(reference)}
+    params = {"params": params_of(model), "reference_params": params_of(reference), "dtype": str(dtype)}
+    return {**grads, **params}
 
 
 def train_config(
@@ -407,14 +410,14 @@ def train_config(
 
     The model is float64, or float32 when ``autocast_dtype`` is set (autocast
     leaves float64 alone); the full-batch copy runs on the wrapped model's
-    device under the same autocast. Returns both parameter lists after ``steps``
-    SGD steps.
+    device, in its dtype, under the same autocast. Returns both parameter lists
+    after ``steps`` SGD steps and the dtype.
     """
     autocast = config_kwargs.get("autocast_dtype")
     dtype = torch.float64 if autocast is None else torch.float32
     model = seeded(_TinyModel, 9, dtype)
     wrapped = parallelizer(impl, config_kwargs).parallelize(model)
-    device = device_of(model)
+    device, dtype = device_of(model), dtype_of(model)  # the entry point may have cast the model
     reference = seeded(_TinyModel, 9, dtype).to(device)
     params = _train(wrapped, model, local_rows(global_x, device).to(dtype), steps, 0.1)
     full = global_x.to(device=device, dtype=dtype)
@@ -423,7 +426,7 @@ def train_config(
             out = reference(full)
         square_loss(out).backward()
         sgd_step(reference, 0.1)
-    return {"params": params, "reference": params_of(reference)}
+    return {"params": params, "reference": params_of(reference), "dtype": str(dtype)}
 
 
 def warm_up() -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import unittest
 
-from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, assert_close_lists, checkpoint_role
+from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, assert_close_lists, checkpoint_role, tolerance_for
 from nemo_dist.conformance.deadlines import warm_up
 from nemo_dist.conformance.real_models import ranks
 from nemo_dist.conformance.registry import WorldLike, check
@@ -99,7 +99,10 @@ def _check_architecture(
             )
             for name, actual, plain in zip(got["names"], run["grads"], got["plain_grads"], strict=True):
                 assert_close_lists(
-                    [actual], [plain], f"{where}: gradient of {name} vs the uncheckpointed model", TOLERANCE_REAL_MODELS
+                    [actual],
+                    [plain],
+                    f"{where}: gradient of {name} vs the uncheckpointed model",
+                    tolerance_for(got["dtype"], TOLERANCE_REAL_MODELS),
                 )
 
 

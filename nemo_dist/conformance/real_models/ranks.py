@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nemo_dist.conformance.ddp.entry_point import device_of, grads_of, parallelizer, seeded
+from nemo_dist.conformance.ddp.entry_point import device_of, dtype_of, grads_of, parallelizer, seeded
 from nemo_dist.conformance.target import Implementation
 
 __all__ = [
@@ -320,7 +320,7 @@ def recompute_counts(
     on the same inputs on every rank, then one backward of the summed loss.
     Beside them an unwrapped, uncheckpointed copy gives the gradients to match.
 
-    Returns ``{"transformers": version, "blocks": {"group.index": {"path",
+    Returns ``{"transformers": version, "dtype": the wrapped models' parameter dtype, "blocks": {"group.index": {"path",
     "trainable", "has_mlp"}}, "names": [parameter names], "plain_grads": [...],
     "scopes": {scope: {"recomputed": {"group.index": [attention runs, MLP runs
     or None without an MLP]}, "grads": [...]}}}``; gradients are CPU copies in
@@ -330,6 +330,7 @@ def recompute_counts(
     plain, plain_blocks = _build(arch)
     result: dict[str, Any] = {
         "transformers": str(_transformers().__version__),
+        "dtype": "torch.float64",
         "blocks": {
             name: {
                 "path": block.path,
@@ -363,7 +364,9 @@ def recompute_counts(
             "grads": grads_of(model),
         }
     if scopes:
-        plain.to(device_of(model))  # where the entry point put the wrapped models
+        # Where the entry point put the wrapped models, in the dtype it gave them (upstream: bfloat16 at w1 on CUDA).
+        plain.to(device_of(model), dtype_of(model))
+        result["dtype"] = str(dtype_of(model))
     _loss(arch, plain, plain).backward()
     result["plain_grads"] = grads_of(plain)
     return result
