@@ -1,7 +1,8 @@
 """The gather suite: conformance checks of an all-gather (a dist_utils module or one callable).
 
 Importing it registers its checks (core: :mod:`.checks`, extended:
-:mod:`.extended`) and its suite step: for a callable checked with ``--gather-fn``
+:mod:`.extended`), its worlds' setup (a first gather with autograd, see
+:func:`.ranks.warm_up`) and its suite step: for a callable checked with ``--gather-fn``
 and ``--gather-form auto``, the output form is detected from a first call on
 every rank of each world.
 """
@@ -34,4 +35,4 @@ def detect_output_form(world: Any, impl: Implementation, notes: list[str]) -> Im
     return impl
 
 
-register_suite(Suite("gather", prepare=detect_output_form))
+register_suite(Suite("gather", world_setup=ranks.warm_up, prepare=detect_output_form))
