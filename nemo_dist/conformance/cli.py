@@ -8,7 +8,9 @@ checks inside the torchrun world instead of starting its own worlds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 
@@ -27,7 +29,15 @@ from nemo_dist.conformance.target import (
 from nemo_dist.conformance.verdicts import Report, Verdict
 from nemo_dist.testing import gpus, options
 
-__all__ = ["DEFAULT_MAX_EXAMPLES", "DEFAULT_WORLD_SIZES", "UsageError", "fitting_world_sizes", "main", "option_name"]
+__all__ = [
+    "DEFAULT_MAX_EXAMPLES",
+    "DEFAULT_WORLD_SIZES",
+    "UsageError",
+    "fitting_world_sizes",
+    "main",
+    "option_name",
+    "reproduce_command",
+]
 
 #: World sizes when ``--world-sizes`` is not given (the reference run takes
 #: well under 3 minutes with them on a 2-core machine; see conformance/README.md).
@@ -101,8 +111,39 @@ def _parser() -> argparse.ArgumentParser:
         help="cap of the per-step deadline: a step may take 10 x the slowest passing step so far, at least "
         "10 s, at most this many seconds, before its ranks are reported hung (default %(default)s)",
     )
+    p.add_argument(
+        "--seed",
+        metavar="N",
+        help="hypothesis seed of every check (default: a fresh one, printed in the header and in each "
+        "failure's Reproduce line, which runs that check alone with it)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
     return p
+
+
+#: Options a Reproduce line sets itself (or that do not change what a check does).
+_NOT_REPEATED = ("select", "world_sizes", "seed", "junit_xml", "quiet")
+
+
+def reproduce_command(args: argparse.Namespace) -> str:
+    """The command line of ``args`` without the options a Reproduce line sets itself (check, sizes, seed, output).
+
+    Options are written in their long form, only where they differ from the default.
+    """
+    parts = ["nemo-dist-conformance"]
+    for action in _parser()._actions:
+        if not action.option_strings or action.dest in _NOT_REPEATED or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value is False or value == action.default:
+            continue
+        option = max(action.option_strings, key=len)
+        if value is True:
+            parts.append(option)
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            parts += [option, shlex.quote(str(item))]
+    return " ".join(parts)
 
 
 def _positive_int(option: str, text: str, example: str) -> int:
@@ -118,6 +159,18 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     except options.BadOptionValue as exc:
         got = exc.value.strip()
         raise UsageError(f"--world-sizes expects an integer >= 1, such as --world-sizes 2,3; got {got!r}") from None
+
+
+def _seed(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise UsageError(f"--seed expects an integer >= 0, such as --seed 1234; got {text!r}")
+    return seed
 
 
 def _timeout(text: str) -> float:
@@ -263,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main_torchrun(args)
     try:
         impl, components, sizes, max_examples, timeout, size_notes = _options(args)
+        seed = _seed(args.seed)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -284,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=timeout,
         on_verdict=_progress(args),
         components=components,
+        seed=seed,
     )
+    report = dataclasses.replace(report, command=reproduce_command(args))
     return _emit(report.with_notes(*size_notes) if size_notes else report, args)
 

@@ -1,4 +1,4 @@
-"""Fake conformance checks that exercise the runner: pass, fail under hypothesis, not supported, crash.
+"""Fake conformance checks that exercise the runner: pass, fail (one way or two), not supported, crash.
 
 They are plain ``Check`` objects, not registered in ``CHECKS``; rank-side
 functions are module-level so a World can run them.
@@ -25,6 +25,7 @@ __all__ = [
     "NOT_SUPPORTED_ON_RANKS",
     "PASSING",
     "SIZE_TWO_ONLY",
+    "TWO_WAYS",
     "WARNING",
     "WORLDLESS",
 ]
@@ -81,6 +82,23 @@ def _failing(world: WorldLike, impl: Implementation) -> None:
     prop()
 
 
+def _raise_for_odd(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd number {x} on rank {_rank()}")
+    return x
+
+
+def _two_ways(world: WorldLike, impl: Implementation) -> None:
+    """Even numbers fail an assertion here; odd ones make every rank raise ValueError: two distinct failures."""
+
+    @given(st.integers(min_value=0, max_value=1000))
+    def prop(x: int) -> None:
+        assert x % 2, f"even number {x}"
+        world.run(_raise_for_odd, x)
+
+    prop()
+
+
 def _not_supported(world: WorldLike, impl: Implementation) -> None:
     """The parent finds the feature missing."""
     raise NotSupported("this fork takes no group= keyword")
@@ -125,6 +143,7 @@ def _entry_point(world: WorldLike, impl: Implementation) -> None:
 
 PASSING = Check("fake.passes", "core", "gather", _passing)
 FAILING = Check("fake.fails_under_hypothesis", "core", "gather", _failing, min_world=2)
+TWO_WAYS = Check("fake.fails_two_ways", "core", "gather", _two_ways)
 NOT_SUPPORTED = Check("fake.not_supported", "extended", "gather", _not_supported)
 NOT_SUPPORTED_ON_RANKS = Check("fake.not_supported_on_ranks", "extended", "gather", _not_supported_on_ranks)
 CRASHING = Check("fake.crashes", "core", "gather", _crashing)
