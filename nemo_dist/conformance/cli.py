@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from nemo_dist.conformance import load_checks
-from nemo_dist.conformance.registry import TIERS, select_checks
+from nemo_dist.conformance.registry import TIERS, Check, select_checks
 from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_checks
 from nemo_dist.conformance.target import (
@@ -105,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run only checks whose name contains TEXT ('not TEXT': all but those)",
     )
     p.add_argument(
+        "--check",
+        metavar="NAME",
+        help="run only the check of this exact name (a ddp check's NAME[entry point] runs that entry point "
+        "alone), as each failure's Reproduce line does",
+    )
+    p.add_argument(
         "--timeout",
         metavar="SECONDS",
         default="120",
@@ -122,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 #: Options a Reproduce line sets itself (or that do not change what a check does).
-_NOT_REPEATED = ("select", "world_sizes", "seed", "junit_xml", "quiet")
+_NOT_REPEATED = ("select", "check", "world_sizes", "seed", "junit_xml", "quiet")
 
 
 def reproduce_command(args: argparse.Namespace) -> str:
@@ -159,6 +165,35 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     except options.BadOptionValue as exc:
         got = exc.value.strip()
         raise UsageError(f"--world-sizes expects an integer >= 1, such as --world-sizes 2,3; got {got!r}") from None
+
+
+def _exact_check(checks: list[Check], impl: Implementation, name: str) -> tuple[list[Check], Implementation]:
+    """The check ``--check NAME`` names among ``checks``, and ``impl`` pinned to its DDP entry point if it names one."""
+    base, bracket, api = name.partition("[")
+    found = [c for c in checks if c.name == base]
+    if not found:
+        raise UsageError(
+            f"--check {name!r} names no check of the selected tier and components; use a name from the first "
+            "column of the table, such as --check gather.forward_matches_cat"
+        )
+    if not bracket:
+        return found, impl
+    api = api.removesuffix("]")
+    apis = impl.ddp_apis() if found[0].component == "ddp" else ()
+    if api not in apis:
+        choices = ", ".join(f"{base}[{a}]" for a in apis) or base
+        raise UsageError(f"--check {name!r}: no entry point {api!r} for this check; use {choices}")
+    return found, impl.with_ddp_api(api)
+
+
+def _selected(
+    args: argparse.Namespace, impl: Implementation, components: tuple[str, ...]
+) -> tuple[list[Check], Implementation]:
+    """The checks ``--tier``, ``-k`` and ``--check`` select, and ``impl`` (pinned by ``--check NAME[api]``)."""
+    checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
+    if args.check and checks:
+        return _exact_check(checks, impl, args.check)
+    return checks, impl
 
 
 def _seed(text: str | None) -> int | None:
@@ -266,6 +301,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         impl, components, _, max_examples, timeout, _ = _options(args)
+        checks, impl = _selected(args, impl, components)
     except UsageError as exc:
         if rank == 0:
             print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
@@ -274,7 +310,6 @@ def _main_torchrun(args: argparse.Namespace) -> int:
 
     init_from_env(args.backend, timeout)
     try:
-        checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
         report = run_in_world(
             checks,
             impl,
@@ -320,7 +355,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
-    checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
+    try:
+        checks, impl = _selected(args, impl, components)
+    except UsageError as exc:
+        print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
+        return 2
     if not checks:
         print(
             "nemo-dist-conformance: error: no check selected (tier "

@@ -141,7 +141,7 @@ def reproduce_line(report: Report, v: Verdict) -> str:
     """The command that runs ``v``'s check alone, in its world size, with the run's seed ("" without a command)."""
     if not report.command:
         return ""
-    parts = [report.command, "-k", shlex.quote(v.check.split("[")[0])]
+    parts = [report.command, "--check", shlex.quote(v.check)]
     if v.world_size:
         parts += ["--world-sizes", str(v.world_size)]
     if report.seed is not None:

@@ -18,12 +18,14 @@ from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
 __all__ = [
     "BOTH_ENTRY_POINTS",
     "CRASHING",
+    "DRAWN",
     "ENVIRONMENT_SKIP",
     "FAILING",
     "HANGING",
     "NOT_SUPPORTED",
     "NOT_SUPPORTED_ON_RANKS",
     "PASSING",
+    "RECORDS_DRAWS",
     "SIZE_TWO_ONLY",
     "TWO_WAYS",
     "WARNING",
@@ -99,6 +101,21 @@ def _two_ways(world: WorldLike, impl: Implementation) -> None:
     prop()
 
 
+#: What the last run of RECORDS_DRAWS drew, in order.
+DRAWN: list[int] = []
+
+
+def _records_draws(world: object, impl: Implementation) -> None:
+    """Passes; records every number hypothesis draws (to compare runs with a seed)."""
+    DRAWN.clear()
+
+    @given(st.integers(min_value=0, max_value=10**9))
+    def prop(x: int) -> None:
+        DRAWN.append(x)
+
+    prop()
+
+
 def _not_supported(world: WorldLike, impl: Implementation) -> None:
     """The parent finds the feature missing."""
     raise NotSupported("this fork takes no group= keyword")
@@ -152,4 +169,5 @@ ENVIRONMENT_SKIP = Check("fake.environment_skip", "core", "gather", _environment
 SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)
 WARNING = Check("fake.warns", "core", "gather", _warning)
 WORLDLESS = Check("fake.no_world", "core", "config", _no_world, needs_world=False)
+RECORDS_DRAWS = Check("fake.records_draws", "core", "config", _records_draws, needs_world=False)
 BOTH_ENTRY_POINTS = Check("fake.entry_point", "core", "ddp", _entry_point)

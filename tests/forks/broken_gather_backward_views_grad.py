@@ -27,10 +27,10 @@ class _ViewingBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         size = dist.get_world_size()
-        flat = grad.view(size, -1)  # BUG: raises for a non-contiguous gradient (reshape would copy)
-        flat = flat.clone()
-        dist.all_reduce(flat)
-        return flat[dist.get_rank()].view(grad.shape[0] // size, *grad.shape[1:])
+        flat = grad.view(-1)  # BUG: raises for a non-contiguous gradient (reshape would copy)
+        summed = flat.reshape(size, -1).clone()
+        dist.all_reduce(summed)
+        return summed[dist.get_rank()].reshape(grad.shape[0] // size, *grad.shape[1:])
 
 
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
