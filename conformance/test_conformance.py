@@ -20,6 +20,7 @@ def test_check_holds(
     world_factory: WorldFactory,
     conformance_deadlines: Deadlines,
     pytestconfig: pytest.Config,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The named check holds for the implementation in a world of the given size (or with no world)."""
-    check_holds(conformance_case, world_factory, conformance_deadlines, pytestconfig)
+    check_holds(conformance_case, world_factory, conformance_deadlines, pytestconfig, request.node.nodeid)

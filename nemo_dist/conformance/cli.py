@@ -8,13 +8,15 @@ checks inside the torchrun world instead of starting its own worlds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 
 from nemo_dist.conformance import load_checks
 from nemo_dist.conformance.deadlines import FLOOR_S
-from nemo_dist.conformance.registry import TIERS, select_checks
+from nemo_dist.conformance.registry import TIERS, Check, select_checks
 from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_checks
 from nemo_dist.conformance.target import (
@@ -28,7 +30,15 @@ from nemo_dist.conformance.target import (
 from nemo_dist.conformance.verdicts import Report, Verdict
 from nemo_dist.testing import gpus, options
 
-__all__ = ["DEFAULT_MAX_EXAMPLES", "DEFAULT_WORLD_SIZES", "UsageError", "fitting_world_sizes", "main", "option_name"]
+__all__ = [
+    "DEFAULT_MAX_EXAMPLES",
+    "DEFAULT_WORLD_SIZES",
+    "UsageError",
+    "fitting_world_sizes",
+    "main",
+    "option_name",
+    "reproduce_command",
+]
 
 #: World sizes when ``--world-sizes`` is not given (the reference run takes
 #: well under 3 minutes with them on a 2-core machine; see conformance/README.md).
@@ -96,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run only checks whose name contains TEXT ('not TEXT': all but those)",
     )
     p.add_argument(
+        "--check",
+        metavar="NAME",
+        help="run only the check of this exact name (a ddp check's NAME[entry point] runs that entry point "
+        "alone), as each failure's Reproduce line does",
+    )
+    p.add_argument(
         "--timeout",
         metavar="SECONDS",
         default="120",
@@ -111,8 +127,39 @@ def _parser() -> argparse.ArgumentParser:
         "is reported hung once every unfinished rank is blocked in a collective or a receive; while one is "
         "still working (importing, compiling, computing) it gets time up to --timeout",
     )
+    p.add_argument(
+        "--seed",
+        metavar="N",
+        help="hypothesis seed of every check (default: a fresh one, printed in the header and in each "
+        "failure's Reproduce line, which runs that check alone with it)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
     return p
+
+
+#: Options a Reproduce line sets itself (or that do not change what a check does).
+_NOT_REPEATED = ("select", "check", "world_sizes", "seed", "junit_xml", "quiet")
+
+
+def reproduce_command(args: argparse.Namespace) -> str:
+    """The command line of ``args`` without the options a Reproduce line sets itself (check, sizes, seed, output).
+
+    Options are written in their long form, only where they differ from the default.
+    """
+    parts = ["nemo-dist-conformance"]
+    for action in _parser()._actions:
+        if not action.option_strings or action.dest in _NOT_REPEATED or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value is False or value == action.default:
+            continue
+        option = max(action.option_strings, key=len)
+        if value is True:
+            parts.append(option)
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            parts += [option, shlex.quote(str(item))]
+    return " ".join(parts)
 
 
 def _positive_int(option: str, text: str, example: str) -> int:
@@ -128,6 +175,47 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     except options.BadOptionValue as exc:
         got = exc.value.strip()
         raise UsageError(f"--world-sizes expects an integer >= 1, such as --world-sizes 2,3; got {got!r}") from None
+
+
+def _exact_check(checks: list[Check], impl: Implementation, name: str) -> tuple[list[Check], Implementation]:
+    """The check ``--check NAME`` names among ``checks``, and ``impl`` pinned to its DDP entry point if it names one."""
+    base, bracket, api = name.partition("[")
+    found = [c for c in checks if c.name == base]
+    if not found:
+        raise UsageError(
+            f"--check {name!r} names no check of the selected tier and components; use a name from the first "
+            "column of the table, such as --check gather.forward_matches_cat"
+        )
+    if not bracket:
+        return found, impl
+    api = api.removesuffix("]")
+    apis = impl.ddp_apis() if found[0].component == "ddp" else ()
+    if api not in apis:
+        choices = ", ".join(f"{base}[{a}]" for a in apis) or base
+        raise UsageError(f"--check {name!r}: no entry point {api!r} for this check; use {choices}")
+    return found, impl.with_ddp_api(api)
+
+
+def _selected(
+    args: argparse.Namespace, impl: Implementation, components: tuple[str, ...]
+) -> tuple[list[Check], Implementation]:
+    """The checks ``--tier``, ``-k`` and ``--check`` select, and ``impl`` (pinned by ``--check NAME[api]``)."""
+    checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
+    if args.check and checks:
+        return _exact_check(checks, impl, args.check)
+    return checks, impl
+
+
+def _seed(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise UsageError(f"--seed expects an integer >= 0, such as --seed 1234; got {text!r}")
+    return seed
 
 
 def _timeout(text: str) -> float:
@@ -232,6 +320,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         impl, components, _, max_examples, timeout, _ = _options(args)
+        checks, impl = _selected(args, impl, components)
     except UsageError as exc:
         if rank == 0:
             print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
@@ -240,7 +329,6 @@ def _main_torchrun(args: argparse.Namespace) -> int:
 
     init_from_env(args.backend, timeout)
     try:
-        checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
         report = run_in_world(
             checks,
             impl,
@@ -283,10 +371,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         impl, components, sizes, max_examples, timeout, size_notes = _options(args)
         min_deadline = _min_deadline(args.min_deadline)
+        seed = _seed(args.seed)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
-    checks = select_checks(load_checks().values(), impl, args.tier, args.select, components)
+    try:
+        checks, impl = _selected(args, impl, components)
+    except UsageError as exc:
+        print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
+        return 2
     if not checks:
         print(
             "nemo-dist-conformance: error: no check selected (tier "
@@ -305,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         min_deadline=min_deadline,
         on_verdict=_progress(args),
         components=components,
+        seed=seed,
     )
+    report = dataclasses.replace(report, command=reproduce_command(args))
     return _emit(report.with_notes(*size_notes) if size_notes else report, args)
 

@@ -1,11 +1,37 @@
-"""The hypothesis settings of a conformance run, applied for its duration and then restored."""
+"""The hypothesis settings and seed of a conformance run, applied for its duration and then restored."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["hypothesis_settings"]
+__all__ = ["hypothesis_settings", "new_seed", "seeded"]
+
+
+def new_seed() -> int:
+    """A fresh random seed for a run (printed with its failures, so any of them can be re-run alone)."""
+    return random.SystemRandom().randrange(2**32)
+
+
+@contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Every hypothesis test run in the body draws from ``Random(seed)`` (None: leave hypothesis as it is).
+
+    This is the hook hypothesis's own ``pytest --hypothesis-seed`` sets: a
+    check run alone with the same seed draws the same examples, so it finds
+    and shrinks to the same failure. ``derandomize`` (torchrun) takes
+    precedence over it.
+    """
+    from hypothesis import core
+
+    previous = core.global_force_seed
+    if seed is not None:
+        core.global_force_seed = seed  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        core.global_force_seed = previous
 
 _PROFILE = "nemo_dist_conformance"
 _RESTORE_PROFILE = "nemo_dist_conformance_restore"

@@ -15,14 +15,16 @@ checks only those components; naming none checks the bundled ones),
 
 A check the implementation does not support, or that does not apply to what
 it did, is skipped with the reason; a failure shows hypothesis's shrunk
-example and the likely cause; a step whose ranks are blocked past its adaptive
-deadline fails as a hang at once (one still working gets time up to
+example, the likely cause and the line that re-runs it alone (node id,
+options, ``--hypothesis-seed``); a step whose ranks are blocked past its
+adaptive deadline fails as a hang at once (one still working gets time up to
 ``--dist-timeout``). Warnings raised inside a check are listed in pytest's warnings
 summary, never failures (a fork's DeprecationWarning, say).
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from nemo_dist.conformance.target import Implementation
     from nemo_dist.testing.plugin import WorldFactory
 
-__all__ = ["check_holds", "implementation", "min_deadline", "option_name"]
+__all__ = ["check_holds", "implementation", "min_deadline", "option_name", "reproduce_line"]
 
 
 def option_name(field: str) -> str:
@@ -169,36 +171,77 @@ def conformance_deadlines(pytestconfig: pytest.Config) -> Deadlines:
     return Deadlines(world_timeout(pytestconfig), min_deadline(pytestconfig))
 
 
+def reproduce_line(config: pytest.Config, nodeid: str, world_size: int, seed: int) -> str:
+    """The pytest command that re-runs test ``nodeid`` alone: its conformance options, world size and seed."""
+    parts = ["pytest", shlex.quote(nodeid)]
+    for option in _REPEATED:
+        value = config.getoption(option)
+        if value is not None and value != _DEFAULTS.get(option):
+            parts += [option, shlex.quote(str(value))]
+    if world_size:
+        parts += ["--dist-world-sizes", str(world_size)]
+    return " ".join([*parts, f"--hypothesis-seed={seed}"])
+
+
+#: The options a Reproduce line repeats (when they differ from their defaults).
+_REPEATED = (
+    "--conformance-gather",
+    "--conformance-gather-fn",
+    "--conformance-no-grad-fn",
+    "--conformance-gather-form",
+    "--conformance-ddp",
+    "--conformance-config",
+    "--conformance-preset",
+    "--conformance-tier",
+    "--conformance-max-examples",
+    "--conformance-backend",
+    "--conformance-min-deadline",
+)
+_DEFAULTS = {"--conformance-gather-form": "auto", "--conformance-tier": "all", "--conformance-backend": "gloo"}
+
+
 def check_holds(
-    case: Any, world_factory: WorldFactory, deadlines: Deadlines, config: pytest.Config
+    case: Any, world_factory: WorldFactory, deadlines: Deadlines, config: pytest.Config, nodeid: str = ""
 ) -> None:
-    """Run one registry case as a pytest test: pass, skip with the reason, or fail with example and cause."""
+    """Run one registry case as a pytest test: pass, skip with the reason, or fail with example and cause.
+
+    Hypothesis draws from one seed per test (``--hypothesis-seed`` when
+    given, else a fresh one); with ``nodeid`` a failure ends with the line
+    that re-runs this test alone with that seed.
+    """
+    from hypothesis import core
+
     from nemo_dist.conformance.deadlines import DeadlineWorld, StepAborted, StepHung
-    from nemo_dist.conformance.profile import hypothesis_settings
+    from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
     from nemo_dist.conformance.target import NotApplicable
     from nemo_dist.conformance.verdicts import is_not_supported
 
     world: Any = None
     if case.world_size:
         world = DeadlineWorld(world_factory(case.world_size, config.getoption("--conformance-backend")), deadlines)
+    seed = core.global_force_seed if isinstance(core.global_force_seed, int) else new_seed()
+    reproduce = f"\nReproduce: {reproduce_line(config, nodeid, case.world_size, seed)}" if nodeid else ""
     # As in the command, warnings the implementation raises are notes (pytest's warnings summary), not failures.
     max_examples = config.getoption("--conformance-max-examples")
-    with warnings.catch_warnings(), hypothesis_settings(max_examples, database=True):
+    with warnings.catch_warnings(), hypothesis_settings(max_examples, database=True), seeded(seed):
         warnings.simplefilter("default")
         try:
             case.check(world, case.impl)
         except NotApplicable as exc:
             pytest.skip(f"not applicable: {exc}")
         except StepHung as hung:
-            pytest.fail(f"HANG: {hung.deadline_note}\nHung step: {hung.call}\n{hung}", pytrace=False)
+            pytest.fail(f"HANG: {hung.deadline_note}\nHung step: {hung.call}\n{hung}{reproduce}", pytrace=False)
         except StepAborted as broke:
-            pytest.fail(f"Failing step (not shrunk: it left ranks stuck or dead): {broke.call}\n{broke}", pytrace=False)
+            text = f"Failing step (not shrunk: it left ranks stuck or dead): {broke.call}\n{broke}{reproduce}"
+            pytest.fail(text, pytrace=False)
         except Exception as exc:
             if is_not_supported(exc):
                 pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
             cause = getattr(exc, "likely_cause", "")
             if cause:
                 _add_note(exc, f"Likely cause: {cause}")
+            if reproduce:
+                _add_note(exc, reproduce.strip())
             raise
 
 

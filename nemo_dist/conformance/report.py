@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from nemo_dist.conformance.explain import Finding
 from nemo_dist.conformance.target import COMPONENTS
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict
 
-__all__ = ["format_progress", "format_report", "junit_xml", "write_junit_xml"]
+__all__ = ["format_progress", "format_report", "junit_xml", "reproduce_line", "write_junit_xml"]
 
-#: Lines of each failure message shown under "Failures".
+#: Lines of each failure message shown under "Failures" (the traceback of the code under test is shown whole).
 MESSAGE_LINES = 10
 
 _LABELS = {
@@ -84,8 +86,10 @@ def format_report(report: Report, strict: bool = False) -> str:
     Rows are one per check run and world size (registration order, then
     size; "-" for a check that needs no process group): check, world size,
     tier, verdict, time. Each failure or hang lists its likely cause (when
-    one was found), its example and the first ``MESSAGE_LINES`` lines of its
-    message; not-applicable, not-supported and skipped rows list their
+    one was found), its example, the first ``MESSAGE_LINES`` lines of its
+    message (a hang's in full) and the traceback of the code under test; each
+    distinct failure so when hypothesis found several; then, when the report
+    knows its command, the line that reproduces it alone. Not-applicable, not-supported and skipped rows list their
     reason in one line; warnings raised inside the checks are listed once each.
     """
     sections = [
@@ -109,9 +113,10 @@ def _header(report: Report, strict: bool) -> list[str]:
         if labels[name] not in (None, "-")
     )
     examples = "profile" if report.max_examples is None else str(report.max_examples)
+    seed = "" if report.seed is None else f"  seed={report.seed}"
     return [
         f"nemo_dist conformance: {components}",
-        f"backend={report.backend}  tier={report.tier}  max_examples={examples}" + ("  strict" if strict else ""),
+        f"backend={report.backend}  tier={report.tier}  max_examples={examples}{seed}" + ("  strict" if strict else ""),
         *report.notes,
         "",
     ]
@@ -132,23 +137,48 @@ def _table(report: Report, strict: bool) -> list[str]:
     return lines
 
 
+def reproduce_line(report: Report, v: Verdict) -> str:
+    """The command that runs ``v``'s check alone, in its world size, with the run's seed ("" without a command)."""
+    if not report.command:
+        return ""
+    parts = [report.command, "--check", shlex.quote(v.check)]
+    if v.world_size:
+        parts += ["--world-sizes", str(v.world_size)]
+    if report.seed is not None:
+        parts += ["--seed", str(report.seed)]
+    return " ".join(parts)
+
+
+def _finding_lines(f: Finding, whole: bool) -> list[str]:
+    """A finding's likely cause, example, message (cut at ``MESSAGE_LINES`` unless ``whole``) and traceback."""
+    lines = [f"Likely cause: {f.cause}"] if f.cause else []
+    lines += f.example.splitlines()
+    message = f.message.strip().splitlines()
+    shown = len(message) if whole else MESSAGE_LINES
+    lines += message[:shown]
+    if len(message) > shown:
+        lines.append(f"... ({len(message) - shown} more lines)")
+    return lines + f.traceback.strip().splitlines()
+
+
 def _failures(report: Report) -> list[str]:
-    """Each failure or hang: where, its likely cause, its example and its message (a hang's in full)."""
+    """Each failure or hang: where, its likely cause, example, message and traceback, and how to reproduce it."""
     failures = [v for v in _ordered(report) if v.failed]
     if not failures:
         return []
     lines = ["", "Failures", "========"]
     for v in failures:
         lines.append(f"--- {v.check} ({_where(v)}, {v.tier} tier{', HANG' if v.outcome == 'hang' else ''}) ---")
-        if v.cause:
-            lines.append(f"Likely cause: {v.cause}")
-        if v.example:
-            lines.extend(v.example.splitlines())
-        message = v.message.strip().splitlines()
-        shown = len(message) if v.outcome == "hang" else MESSAGE_LINES  # a hang shows every rank's stack
-        lines.extend(message[:shown])
-        if len(message) > shown:
-            lines.append(f"... ({len(message) - shown} more lines)")
+        if v.findings:
+            lines.append(_first_line(v.message))
+            for i, found in enumerate(v.findings, 1):
+                lines.append(f"[{i} of {len(v.findings)}]")
+                lines += _finding_lines(found, whole=False)
+        else:
+            lines += _finding_lines(Finding(v.message, v.example, v.cause, v.traceback), whole=v.outcome == "hang")
+        reproduce = reproduce_line(report, v)
+        if reproduce:
+            lines.append(f"Reproduce: {reproduce}")
         lines.append("")
     return lines
 
@@ -199,7 +229,8 @@ def junit_xml(report: Report, strict: bool = False) -> ET.ElementTree:
     """A JUnit XML tree: one ``testcase`` per check and world size.
 
     Failures and hangs get a ``failure`` element (message: first line, text:
-    likely cause, example and message); not-applicable, not-supported and
+    likely cause, example, message and traceback of each finding, and the
+    line that reproduces it); not-applicable, not-supported and
     skipped rows a ``skipped`` element, except that under ``strict``
     not-supported is a failure. Extended-tier failures are failures too (CI
     shows them); the exit code decides what blocks.
@@ -217,8 +248,12 @@ def junit_xml(report: Report, strict: bool = False) -> ET.ElementTree:
         if v.failed or (strict and v.outcome == "not supported"):
             failures += 1
             element = ET.SubElement(case, "failure", message=_first_line(v.message))
-            cause = f"Likely cause: {v.cause}" if v.cause else ""
-            element.text = "\n".join(filter(None, [cause, v.example, v.message]))
+            found = v.findings or (Finding(v.message, v.example, v.cause, v.traceback),)
+            parts = [_first_line(v.message)] if v.findings else []
+            for f in found:
+                parts += [f"Likely cause: {f.cause}" if f.cause else "", f.example, f.message, f.traceback]
+            reproduce = reproduce_line(report, v)
+            element.text = "\n".join(filter(None, [*parts, f"Reproduce: {reproduce}" if reproduce else ""]))
         elif v.outcome in ("not applicable", "not supported", "skipped"):
             skipped += 1
             ET.SubElement(case, "skipped", message=f"{v.outcome}: {_first_line(v.message)}")

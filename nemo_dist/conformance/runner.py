@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from nemo_dist.conformance.deadlines import FLOOR_S, Deadlines, DeadlineWorld, StepAborted, warm_up
-from nemo_dist.conformance.profile import hypothesis_settings
+from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
 from nemo_dist.conformance.registry import SUITES, Case, Check, WorldLike, cases
 from nemo_dist.conformance.target import Implementation, checked_components, import_components
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict, classify
@@ -59,16 +59,18 @@ def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, na
     (the environment cannot run the check) "skipped"; a step past its
     deadline "hang" with the hung call and every rank's stack; an assertion
     or any other exception (``RankFailure`` included) "fail" with its
-    message, the shrunk hypothesis example and any likely cause the check
-    attached (``exc.likely_cause``). ``name`` labels the verdict (default
-    ``check.name``). Warnings raised inside are recorded in the verdict.
+    message, the shrunk hypothesis example, any likely cause the check
+    attached (``exc.likely_cause``) and the traceback of the code under test
+    (each distinct failure so, when hypothesis found several: see
+    :func:`~nemo_dist.conformance.verdicts.classify`). ``name`` labels the
+    verdict (default ``check.name``). Warnings raised inside are recorded in the verdict.
     Only ``KeyboardInterrupt`` and ``SystemExit`` propagate.
     """
     start = time.perf_counter()
     size = 0 if world is None else world.size
     caught: list[warnings.WarningMessage] = []
 
-    def verdict(outcome: Outcome, message: str = "", example: str = "", cause: str = "") -> Verdict:
+    def verdict(outcome: Outcome, message: str = "", **explained: Any) -> Verdict:
         return Verdict(
             name or check.name,
             check.component,
@@ -77,9 +79,8 @@ def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, na
             outcome,
             time.perf_counter() - start,
             message,
-            example,
-            cause,
-            _warning_texts(caught),
+            warnings=_warning_texts(caught),
+            **explained,
         )
 
     if world is not None and not check.applies_to(size):
@@ -101,7 +102,15 @@ def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, na
     except BaseException as exc:  # every failure becomes a verdict
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        return verdict(*classify(exc))
+        found = classify(exc)
+        return verdict(
+            found.outcome,
+            found.message,
+            example=found.example,
+            cause=found.cause,
+            traceback=found.traceback,
+            findings=found.findings,
+        )
     return verdict("pass")
 
 
@@ -167,6 +176,7 @@ def run_checks(
     worlds: Callable[[int], WorldLike] | None = None,
     on_verdict: Callable[[Verdict], None] | None = None,
     components: Sequence[str] | None = None,
+    seed: int | None = None,
 ) -> Report:
     """Run ``checks`` (already selected): the world-less ones once, the others in a world of each size.
 
@@ -179,7 +189,9 @@ def run_checks(
     :mod:`~nemo_dist.conformance.deadlines`), at least ``min_deadline``
     seconds each (``--min-deadline``); a step past its deadline whose ranks
     are still working gets time up to ``timeout``. Hypothesis runs with
-    ``max_examples`` and no database (see :func:`hypothesis_settings`).
+    ``max_examples``, no database (see :func:`hypothesis_settings`) and
+    ``seed`` (default: a fresh one), recorded in the report, so a failing
+    check run alone with that seed fails the same way.
     ``on_verdict`` is called after each check (progress output);
     ``components`` (default: those ``impl`` names) is recorded in the report.
     Verdicts come in run order: world-less checks, then by world size, then by check.
@@ -188,7 +200,8 @@ def run_checks(
     verdicts: list[Verdict] = []
     notes: list[str] = []
     deadlines = Deadlines(timeout, min_deadline)
-    with hypothesis_settings(max_examples), contextlib.ExitStack() as owned:
+    seed = new_seed() if seed is None else seed
+    with hypothesis_settings(max_examples), seeded(seed), contextlib.ExitStack() as owned:
         run_worldless(checks, impl, verdicts, on_verdict)
         if worlds is None:
             from nemo_dist.testing import World
@@ -220,6 +233,7 @@ def run_checks(
         time.perf_counter() - start,
         tuple(dict.fromkeys(notes)),
         components=tuple(checked_components(impl) if components is None else components),
+        seed=seed,
     )
 
 

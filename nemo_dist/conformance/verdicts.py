@@ -12,10 +12,20 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nemo_dist.conformance.deadlines import StepAborted, StepHung
+from nemo_dist.conformance.deadlines import StepAborted, StepBroke, StepHung
+from nemo_dist.conformance.explain import Finding, crashed_ranks, find, grouped, rank_failure
 from nemo_dist.conformance.target import COMPONENTS, Implementation, NotApplicable, NotSupported
 
-__all__ = ["Outcome", "Report", "Verdict", "classify", "is_not_applicable", "is_not_supported"]
+__all__ = [
+    "Classified",
+    "Finding",
+    "Outcome",
+    "Report",
+    "Verdict",
+    "classify",
+    "is_not_applicable",
+    "is_not_supported",
+]
 
 Outcome = Literal["pass", "fail", "hang", "not applicable", "not supported", "skipped"]
 
@@ -28,7 +38,10 @@ class Verdict:
     text; ``example`` the shrunk hypothesis example ("Failing test case: ...")
     or, for a hang, the call that hung; ``cause`` the likely cause of a
     failure when the evidence names one; ``warnings`` what the check warned
-    ("Category: message", each once).
+    ("Category: message", each once); ``traceback`` the traceback of the
+    code under test (the tool's frames folded) or a crashed rank's stderr
+    tail; ``findings`` each distinct failure when hypothesis found more than
+    one (``message`` then lists them all, ``cause`` is the first one named).
     """
 
     check: str
@@ -41,6 +54,8 @@ class Verdict:
     example: str = ""
     cause: str = ""
     warnings: tuple[str, ...] = ()
+    traceback: str = ""
+    findings: tuple[Finding, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -61,6 +76,10 @@ class Report:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: The components whose checks ran; the others' modules only served them.
     components: tuple[str, ...] = COMPONENTS
+    #: The hypothesis seed of every check of the run (None: not seeded, as under torchrun).
+    seed: int | None = None
+    #: The command that ran it, less its check selection, world sizes and seed ("": not run from a command).
+    command: str = ""
 
     def count(self, outcome: Outcome) -> int:
         """Number of verdicts with ``outcome``."""
@@ -122,41 +141,63 @@ def _reason(exc: BaseException) -> str:
         first = next(iter(failures.values())).splitlines()[0]
         ranks = ", ".join(str(r) for r in failures)
         return f"{first.split('raised ', 1)[-1]} (rank {ranks})"
-    return _message(exc)
-
-
-def _example(exc: BaseException) -> str:
-    notes = [str(n) for n in getattr(exc, "__notes__", ()) or ()]
-    return "\n".join(notes).strip()
-
-
-def _message(exc: BaseException) -> str:
     text = str(exc).strip()
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else name
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def classify(exc: BaseException) -> tuple[Outcome, str, str, str]:
-    """``(outcome, message, example, likely cause)`` of a check run that raised ``exc``.
+@dataclass(frozen=True)
+class Classified:
+    """What :func:`classify` makes of an exception: the verdict's outcome and texts (see :class:`Verdict`)."""
+
+    outcome: Outcome
+    message: str
+    example: str = ""
+    cause: str = ""
+    traceback: str = ""
+    findings: tuple[Finding, ...] = ()
+
+
+def _group(group: BaseException, failures: list[BaseException]) -> Classified:
+    """Each distinct failure of a group (hypothesis found several) as its own finding."""
+    findings = tuple(find(exc) for exc in failures)
+    head = str(getattr(group, "message", "")).strip() or f"{len(findings)} distinct failures"
+    message = "\n\n".join([head, *(f"[{i} of {len(findings)}] {f.message}" for i, f in enumerate(findings, 1))])
+    cause = next((f.cause for f in findings if f.cause), "")
+    return Classified("fail", message, "", cause, "", findings)
+
+
+def classify(exc: BaseException) -> Classified:
+    """The outcome and texts of a check run that raised ``exc``.
 
     A step past its deadline is a hang (the hung call as example); a step
-    that left ranks stuck or dead a failure reported as it is (not shrunk);
+    that left ranks stuck or dead a failure reported as it is (not shrunk),
+    a dead rank as a crash of that rank with no likely cause;
     ``unittest.SkipTest`` skipped; ``NotSupported`` / ``NotApplicable``
-    (raised here or on every rank) their outcome with the reason; anything
-    else, ``BaseExceptionGroup`` included, a failure with its message, the
-    shrunk hypothesis example and the likely cause the check attached
-    (``exc.likely_cause``).
+    (raised here or on every rank) their outcome with the reason; a group of
+    failures (hypothesis found several) one finding each; anything else a
+    failure with its message, the shrunk hypothesis example, the likely
+    cause the check attached (``exc.likely_cause``) and the traceback of the
+    code under test (see :mod:`~nemo_dist.conformance.explain`).
     """
     if isinstance(exc, StepHung):
-        return "hang", f"{exc.deadline_note}\n{exc}", f"Hung step: {exc.call}", ""
+        return Classified("hang", f"{exc.deadline_note}\n{exc}", f"Hung step: {exc.call}")
     if isinstance(exc, StepAborted):
         example = f"Failing step (reported as it is, not shrunk: it left ranks stuck or dead): {exc.call}"
-        return "fail", f"RankFailure: {exc}", example, getattr(exc, "likely_cause", "")
+        cause = getattr(exc, "likely_cause", "")
+        if not isinstance(exc, StepBroke):
+            return Classified("fail", f"RankFailure: {exc}", example, cause)
+        found = rank_failure(exc.failure)
+        crashed = bool(crashed_ranks(exc.failure.failures))
+        return Classified("fail", found.message, example, "" if crashed else cause, found.traceback)
     if isinstance(exc, unittest.SkipTest):
-        return "skipped", str(exc), "", ""
+        return Classified("skipped", str(exc))
     if isinstance(exc, Exception):
         if is_not_supported(exc):
-            return "not supported", _reason(exc), "", ""
+            return Classified("not supported", _reason(exc))
         if is_not_applicable(exc):
-            return "not applicable", _reason(exc), "", ""
-    return "fail", _message(exc), _example(exc), getattr(exc, "likely_cause", "")
+            return Classified("not applicable", _reason(exc))
+    failures = grouped(exc)
+    if failures:
+        return _group(exc, failures)
+    found = find(exc)
+    return Classified("fail", found.message, found.example, found.cause, found.traceback)

@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _die_with_parent(init.parent_pid)
     stack_file: IO[str] = open(init.stack_file, "w")  # noqa: SIM115 - lives as long as the process
+    # A rank killed by a fatal signal (SIGSEGV, SIGABRT) writes its Python stack to stderr, whose
+    # tail the parent reports with the crash.
+    faulthandler.enable(file=sys.stderr, all_threads=False)
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
     if init.sample_file:
         # Progress probes: the parent asks for a dump while a call outlives its

@@ -1,4 +1,4 @@
-"""Fake conformance checks that exercise the runner: pass, fail under hypothesis, not supported, crash.
+"""Fake conformance checks that exercise the runner: pass, fail (one way or two), not supported, crash.
 
 They are plain ``Check`` objects, not registered in ``CHECKS``; rank-side
 functions are module-level so a World can run them.
@@ -18,13 +18,16 @@ from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
 __all__ = [
     "BOTH_ENTRY_POINTS",
     "CRASHING",
+    "DRAWN",
     "ENVIRONMENT_SKIP",
     "FAILING",
     "HANGING",
     "NOT_SUPPORTED",
     "NOT_SUPPORTED_ON_RANKS",
     "PASSING",
+    "RECORDS_DRAWS",
     "SIZE_TWO_ONLY",
+    "TWO_WAYS",
     "WARNING",
     "WORLDLESS",
 ]
@@ -81,6 +84,38 @@ def _failing(world: WorldLike, impl: Implementation) -> None:
     prop()
 
 
+def _raise_for_odd(x: int) -> int:
+    if x % 2:
+        raise ValueError(f"odd number {x} on rank {_rank()}")
+    return x
+
+
+def _two_ways(world: WorldLike, impl: Implementation) -> None:
+    """Even numbers fail an assertion here; odd ones make every rank raise ValueError: two distinct failures."""
+
+    @given(st.integers(min_value=0, max_value=1000))
+    def prop(x: int) -> None:
+        assert x % 2, f"even number {x}"
+        world.run(_raise_for_odd, x)
+
+    prop()
+
+
+#: What the last run of RECORDS_DRAWS drew, in order.
+DRAWN: list[int] = []
+
+
+def _records_draws(world: object, impl: Implementation) -> None:
+    """Passes; records every number hypothesis draws (to compare runs with a seed)."""
+    DRAWN.clear()
+
+    @given(st.integers(min_value=0, max_value=10**9))
+    def prop(x: int) -> None:
+        DRAWN.append(x)
+
+    prop()
+
+
 def _not_supported(world: WorldLike, impl: Implementation) -> None:
     """The parent finds the feature missing."""
     raise NotSupported("this fork takes no group= keyword")
@@ -125,6 +160,7 @@ def _entry_point(world: WorldLike, impl: Implementation) -> None:
 
 PASSING = Check("fake.passes", "core", "gather", _passing)
 FAILING = Check("fake.fails_under_hypothesis", "core", "gather", _failing, min_world=2)
+TWO_WAYS = Check("fake.fails_two_ways", "core", "gather", _two_ways)
 NOT_SUPPORTED = Check("fake.not_supported", "extended", "gather", _not_supported)
 NOT_SUPPORTED_ON_RANKS = Check("fake.not_supported_on_ranks", "extended", "gather", _not_supported_on_ranks)
 CRASHING = Check("fake.crashes", "core", "gather", _crashing)
@@ -133,4 +169,5 @@ ENVIRONMENT_SKIP = Check("fake.environment_skip", "core", "gather", _environment
 SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)
 WARNING = Check("fake.warns", "core", "gather", _warning)
 WORLDLESS = Check("fake.no_world", "core", "config", _no_world, needs_world=False)
+RECORDS_DRAWS = Check("fake.records_draws", "core", "config", _records_draws, needs_world=False)
 BOTH_ENTRY_POINTS = Check("fake.entry_point", "core", "ddp", _entry_point)

@@ -6,6 +6,7 @@ one of them also through the subprocess, for the real exit status.
 
 from __future__ import annotations
 
+import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -71,6 +72,32 @@ def test_gather_fn_checks_a_bare_callable_and_names_the_likely_cause() -> None:
     assert "Likely cause: no cross-rank sum (each rank keeps only its own loss's gradient)" in result.stdout
 
 
+def _failure_section(stdout: str) -> list[str]:
+    """The lines of the report's Failures section up to its summary line (times left out: they vary)."""
+    lines = stdout.splitlines()
+    start = lines.index("Failures")
+    return [line for line in lines[start:] if not line.endswith("-> DOES NOT CONFORM (exit 1)")]
+
+
+def test_each_failure_prints_a_line_that_reproduces_it_alone() -> None:
+    """The Reproduce line (the check by exact name, its world size, the run's seed) re-runs it: the same failure."""
+    result = run_command(
+        "--gather", "tests.forks.broken_gather_reduces_own_slot", "--tier", "core", "-k", "backward_sums",
+        "--world-sizes", "2,3", "--max-examples", "3", "-q",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    reproduce = [line for line in result.stdout.splitlines() if line.startswith("Reproduce: ")]
+    assert len(reproduce) == 2, result.stdout  # one per failing check run: worlds of 2 and 3
+    line = reproduce[1].removeprefix("Reproduce: ")
+    prefix = "nemo-dist-conformance --gather tests.forks.broken_gather_reduces_own_slot --tier core --max-examples 3 "
+    assert line.startswith(prefix + "--check gather.backward_sums_rank_slices --world-sizes 3 --seed "), line
+    again = run_command(*shlex.split(line)[1:], "-q")
+    assert again.returncode == 1, again.stdout + again.stderr
+    wanted = _failure_section(result.stdout)
+    wanted = wanted[wanted.index("--- gather.backward_sums_rank_slices (world size 3, core tier) ---") :]
+    assert _failure_section(again.stdout) == ["Failures", "========", *wanted], again.stdout
+
+
 def test_unimportable_module_is_a_usage_error_naming_it() -> None:
     """A --gather module that does not import exits 2 with the module and the reason on stderr."""
     result = run_command("--gather", "tests.forks.no_such_fork", *QUICK)
@@ -103,10 +130,15 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
         (["--backend", "mpi"], "--backend expects gloo or nccl"),
         (["--timeout", "0"], "--timeout expects a number of seconds > 0"),
         (["--min-deadline", "soon"], "--min-deadline expects a number of seconds > 0, such as --min-deadline 30"),
+        (["--seed", "-3"], "--seed expects an integer >= 0, such as --seed 1234; got '-3'"),
+        (["--check", "gather.no_such_check"], "--check 'gather.no_such_check' names no check of the selected tier"),
+        (["--check", "ddp.bucket_cap_mb[Nope]"],
+         "no entry point 'Nope' for this check; use ddp.bucket_cap_mb[parallelize_ddp], ddp.bucket_cap_mb[DDPManager]"),
     ],
     ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
          "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
-         "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline"],
+         "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline", "seed",
+         "check-unknown", "check-entry-point"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

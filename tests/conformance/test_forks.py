@@ -98,6 +98,14 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
         ("config.rejects_bad_values_naming_field", r"DDPConfig\(bucket_cap_mb=-1\.0\) was accepted")
     ],
     "broken_config_bool_strings": [("config.rejects_bad_values_naming_field", "was accepted")],
+    "broken_gather_reduces_own_slot": [("gather.backward_sums_rank_slices", "gradient of x")],
+    "broken_gather_drops_own_rows": [("gather.forward_matches_cat", "gathered output")],
+    "broken_gather_backward_segfaults": [
+        ("gather.backward_sums_rank_slices", r"^RankFailure: rank \d crashed: killed by signal SIGSEGV")
+    ],
+    "broken_gather_backward_views_grad": [
+        ("gather.backward_with_non_contiguous_gradients", "raised RuntimeError: view size is not compatible")
+    ],
 }
 #: Broken forks whose failures name a likely cause (world of 2), and the cause's first words.
 LIKELY_CAUSES = {
@@ -105,6 +113,8 @@ LIKELY_CAUSES = {
     "broken_gather_wrong_order": "rank order reversed",
     "broken_gather_no_cross_rank_sum": "no cross-rank sum",
     "broken_gather_gathers_in_float32": "dtype changed",
+    "broken_gather_reduces_own_slot": "each rank's own slot summed across ranks (the backward all-reduces only its",
+    "broken_gather_drops_own_rows": "each rank's own rows are missing from its output",
 }
 #: What upstream does not promise, as (check, world size) failures of the extended tier in worlds of 0 and 1.
 UPSTREAM_EXTENDED_FINDINGS = {
@@ -165,6 +175,37 @@ def test_broken_fork_fails_its_guarding_check_with_a_readable_failure(fork: str,
         assert report.exit_code() == 1, table
     else:  # an extended-tier bug blocks only a strict run
         assert (report.exit_code(), report.exit_code(strict=True)) == (0, 1), table
+
+
+@pytest.mark.parametrize("fork", _params(["broken_gather_backward_segfaults"]))
+def test_a_crashed_rank_is_reported_as_its_crash_with_its_stack_and_no_likely_cause(
+    fork: str, world_factory: WorldFactory
+) -> None:
+    """A backward killing its process (SIGSEGV): "rank R crashed", its stderr tail with the fork's line, no cause."""
+    report, table = _report(fork, world_factory)
+    crashed = [v for v in report.verdicts if v.failed and "crashed: killed by signal SIGSEGV" in v.message]
+    assert crashed, table
+    assert all(v.cause == "" for v in report.verdicts), table
+    assert "Likely cause" not in table
+    line = _line_of(fork, "os.kill(os.getpid(), signal.SIGSEGV)")
+    assert f'{fork}.py", line {line} in backward' in crashed[0].traceback, table
+    assert "Fatal Python error: Segmentation fault" in crashed[0].traceback, table
+
+
+@pytest.mark.parametrize("fork", _params(["broken_gather_backward_views_grad"]))
+def test_an_error_raised_in_the_forks_own_code_shows_its_file_and_line(fork: str, world_factory: WorldFactory) -> None:
+    """The failure's traceback keeps the fork's frame (file, line, source), the tool's frames folded."""
+    _, table = _report(fork, world_factory)
+    line = _line_of(fork, "flat = grad.view(-1)")
+    assert f'{fork}.py", line {line}, in backward\n    flat = grad.view(-1)' in table, table
+    assert " tool frames" in table, table
+    assert "nemo_dist/testing/_rank.py" not in table, table
+
+
+def _line_of(fork: str, code: str) -> int:
+    """The line number of ``code`` in the fork's file."""
+    lines = (Path(__file__).parents[1] / "forks" / f"{fork}.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if code in line)
 
 
 @pytest.mark.parametrize("fork", _params(["independent"]))

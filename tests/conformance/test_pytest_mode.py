@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -54,3 +55,38 @@ def test_a_forks_deprecation_warning_is_a_summary_note_not_a_failure() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
     assert "DeprecationWarning: DDPManager is deprecated" in result.stdout
+
+
+def _error_lines(stdout: str) -> list[str]:
+    """The lines pytest printed for the failing test's exception and its notes (its ``E`` lines), unprefixed."""
+    return [line[1:].strip() for line in stdout.splitlines() if line.startswith("E ")]
+
+
+def _failing_example(stdout: str) -> list[str]:
+    """The assertion, falsifying example and likely cause pytest printed for the failing test."""
+    lines = _error_lines(stdout)
+    return lines[: next(i for i, line in enumerate(lines) if line.startswith("Reproduce: pytest "))]
+
+
+def test_a_failing_check_prints_the_pytest_line_that_reproduces_it_alone() -> None:
+    """The failure ends with its node id, options, world size and seed; that line re-runs it to the same example."""
+    result = _pytest_conformance(
+        "--conformance-gather", "tests.forks.broken_gather_drops_own_rows", "-k", "forward_matches_cat",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    (line,) = [x for x in _error_lines(result.stdout) if x.startswith("Reproduce: pytest ")]
+    assert line.startswith(
+        "Reproduce: pytest 'conformance/test_conformance.py::test_check_holds[gather.forward_matches_cat-w2]' "
+        "--conformance-gather tests.forks.broken_gather_drops_own_rows --conformance-max-examples 3 "
+        "--dist-world-sizes 2 --hypothesis-seed="
+    ), line
+    args = shlex.split(line.removeprefix("Reproduce: "))[1:]
+    again = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q", *args],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "1 failed" in again.stdout, again.stdout
+    example = _failing_example(result.stdout)
+    assert "Failing test case: prop(" in example, result.stdout
+    assert _failing_example(again.stdout) == example, again.stdout

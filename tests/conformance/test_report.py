@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Check, Implementation, NotSupported, Report, Verdict, select_checks
+from nemo_dist.conformance.explain import Finding, fold_tool_frames
 from nemo_dist.conformance.report import format_report, write_junit_xml
 from nemo_dist.conformance.verdicts import is_not_supported
 from nemo_dist.testing import RankFailure
@@ -198,3 +200,80 @@ def test_extended_failures_are_counted_apart_in_the_summary() -> None:
     text = format_report(_report(_verdict("x", "fail", tier="extended"), _verdict("y", "pass")))
     assert text.splitlines()[-1].startswith("1 passed, 1 failed (1 extended) in ")
     assert "CONFORMS (exit 0)" in text
+
+
+RANK_TRACEBACK = """Traceback (most recent call last):
+  File "/site/nemo_dist/testing/_rank.py", line 80, in _answer
+    value: Any = fn(*args, **kwargs)
+                 ^^^^^^^^^^^^^^^^^^^
+  File "/site/nemo_dist/conformance/gather/ranks.py", line 120, in backward
+    out.backward(g)
+  File "/site/torch/_tensor.py", line 623, in backward
+    torch.autograd.backward(
+  File "/home/me/project/losses.py", line 31, in backward
+    flat = grad.view(size, -1)
+           ^^^^^^^^^^^^^^^^^^^
+RuntimeError: view size is not compatible"""
+
+
+def test_tool_frames_fold_into_one_line_and_the_code_under_test_stays() -> None:
+    """The tool's own frames become "... N tool frames"; torch's and the user's frames are kept with their lines."""
+    folded = fold_tool_frames(RANK_TRACEBACK).splitlines()
+    assert folded == [
+        "Traceback (most recent call last):",
+        "  ... 2 tool frames",
+        '  File "/site/torch/_tensor.py", line 623, in backward',
+        "    torch.autograd.backward(",
+        '  File "/home/me/project/losses.py", line 31, in backward',
+        "    flat = grad.view(size, -1)",
+        "           ^^^^^^^^^^^^^^^^^^^",
+        "RuntimeError: view size is not compatible",
+    ]
+
+
+def test_a_long_message_is_cut_but_the_traceback_of_the_code_under_test_is_shown_whole() -> None:
+    """The message stops after MESSAGE_LINES lines; the traceback under it keeps the user's failing line."""
+    failed = _verdict(
+        "gather.backward", "fail", message="\n".join(f"line {i}" for i in range(30)),
+        traceback=fold_tool_frames(RANK_TRACEBACK),
+    )
+    text = format_report(_report(failed))
+    assert "line 9" in text
+    assert "line 10" not in text
+    assert '  File "/home/me/project/losses.py", line 31, in backward\n    flat = grad.view(size, -1)' in text
+
+
+def test_each_finding_is_listed_with_its_cause_example_and_message() -> None:
+    """A verdict of several distinct failures prints each one, numbered, with its own cause, example and message."""
+    findings = (
+        Finding("AssertionError: even", "Failing test case: prop(x=0)", "no cross-rank sum"),
+        Finding("RankFailure: 2 of 2 rank(s) failed", "Failing test case: prop(x=1)", "", "--- rank 0 ---\nTB"),
+    )
+    failed = _verdict("gather.backward", "fail", message="Hypothesis found 2 distinct failures.", findings=findings)
+    lines = format_report(_report(failed)).splitlines()
+    start = lines.index("--- gather.backward (world size 2, core tier) ---")
+    assert lines[start + 1 : start + 12] == [
+        "Hypothesis found 2 distinct failures.",
+        "[1 of 2]",
+        "Likely cause: no cross-rank sum",
+        "Failing test case: prop(x=0)",
+        "AssertionError: even",
+        "[2 of 2]",
+        "Failing test case: prop(x=1)",
+        "RankFailure: 2 of 2 rank(s) failed",
+        "--- rank 0 ---",
+        "TB",
+        "",
+    ]
+
+
+def test_a_report_with_its_command_prints_a_reproduce_line_per_failure() -> None:
+    """Each failure ends with the command, the exact check, its size and the run's seed; none without a command."""
+    failed = _verdict("ddp.bucket_cap_mb[DDPManager]", "fail", message="AssertionError: x")
+    report = dataclasses.replace(_report(failed), seed=42, command="nemo-dist-conformance --ddp my.ddp")
+    assert (
+        "Reproduce: nemo-dist-conformance --ddp my.ddp --check 'ddp.bucket_cap_mb[DDPManager]' --world-sizes 2 "
+        "--seed 42" in format_report(report)
+    )
+    assert "seed=42" in format_report(report).splitlines()[1]
+    assert "Reproduce:" not in format_report(_report(failed))

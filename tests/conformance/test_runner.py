@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from nemo_dist.conformance import REFERENCE, Report, run_checks
+from nemo_dist.conformance import REFERENCE, Report, format_report, run_checks
 from nemo_dist.conformance.deadlines import Deadlines, DeadlineWorld, StepHung
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
@@ -73,9 +73,45 @@ def test_hypothesis_failure_keeps_the_shrunk_example(report: Report) -> None:
 def test_a_crashed_rank_fails_its_check_and_the_next_check_gets_a_healthy_world(report: Report) -> None:
     """The dying rank is named with its exit code; the check after it passes in the replaced world."""
     (verdict,) = [v for v in report.verdicts if v.check == "fake.crashes" and v.world_size == 2]
-    assert "rank 1 died: exit code 3" in verdict.message
+    assert verdict.message.startswith("RankFailure: rank 1 crashed: exit code 3 running "), verdict.message
     assert verdict.example.startswith("Failing step (reported as it is, not shrunk: it left ranks stuck or dead)")
     assert _outcomes(report, 2)["fake.size_two_only"] == "pass"
+
+
+def test_each_distinct_hypothesis_failure_is_shown_with_its_example_message_and_traceback(
+    world_factory: WorldFactory,
+) -> None:
+    """Two distinct failures (an assertion here, a ValueError on the ranks): each with its own example and message."""
+    report = run_checks([fake.TWO_WAYS], REFERENCE, (2,), max_examples=30, worlds=world_factory, seed=1)
+    (verdict,) = report.verdicts
+    assert verdict.outcome == "fail"
+    assert verdict.message.startswith("Hypothesis found 2 distinct failures"), verdict.message
+    by_kind = {f.message.split(":")[0]: f for f in verdict.findings}
+    assert set(by_kind) == {"AssertionError", "RankFailure"}, verdict.findings
+    assert "x=0," in by_kind["AssertionError"].example
+    assert by_kind["AssertionError"].message == "AssertionError: even number 0"
+    raised = by_kind["RankFailure"]
+    assert "x=1," in raised.example
+    assert "rank 0 raised ValueError: odd number 1 on rank 0" in raised.message
+    assert "_fake_checks.py\", line" in raised.traceback
+    assert "in _raise_for_odd" in raised.traceback
+    text = format_report(report)
+    assert "[1 of 2]" in text
+    assert "[2 of 2]" in text
+    assert "AssertionError: even number 0" in text
+    assert "ValueError: odd number 1 on rank 1" in text
+
+
+def test_a_seed_makes_hypothesis_draw_the_same_examples() -> None:
+    """Two runs with one seed draw the same numbers; another seed draws others; the report records the seed."""
+    runs = []
+    for seed in (11, 11, 12):
+        report = run_checks([fake.RECORDS_DRAWS], REFERENCE, (), max_examples=10, seed=seed)
+        assert (report.seed, report.verdicts[0].outcome) == (seed, "pass")
+        runs.append(list(fake.DRAWN))
+    assert len(runs[0]) == 10
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
 
 
 def test_not_supported_reason_comes_from_the_ranks(report: Report) -> None:

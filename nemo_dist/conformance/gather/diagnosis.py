@@ -12,8 +12,8 @@ A shrunk example says *that* the gather is wrong; the variants say *how*:
   passes, the bug is "wrong only inside a subgroup", and a gradient (or an
   IndexError) that follows the global rank names the mix-up;
 - for a forward failure, inputs whose rows name their rank, so the output
-  tells which ranks are missing, repeated or out of order, or that the dtype
-  changed.
+  tells which ranks are missing (each rank's own rows, or the same ones on
+  every rank), repeated or out of order, or that the dtype changed.
 
 Every function returns one line, or "" when the evidence names nothing. A
 variant that fails in another way (raises, hangs) counts as no evidence.
@@ -37,6 +37,11 @@ __all__ = ["CAUSES", "backward_cause", "forward_cause", "group_cause"]
 #: The causes this module can name (the first words of each line it returns).
 CAUSES = {
     "own": "no cross-rank sum (each rank keeps only its own loss's gradient)",
+    "own_slot_summed": (
+        "each rank's own slot summed across ranks (the backward all-reduces only its own rows of the upstream "
+        "gradient, so every rank gets sum_s g_s[slot s] instead of sum_s g_s[slot r])"
+    ),
+    "own_rows_missing": "each rank's own rows are missing from its output (it gathers only the other ranks' rows)",
     "times_w": "scaled by W (the summed gradient is multiplied by the world size)",
     "mean": "mean instead of sum (the summed gradient is divided by the world size)",
     "reversed": "rank order reversed",
@@ -88,12 +93,14 @@ def _formula(got: Sequence[Any], grads: Sequence[torch.Tensor], rows: Sequence[i
     expected = expected_grads(grads, rows)
     starts = offsets(rows)
     own = [grads[r][starts[r] : starts[r + 1]] for r in range(size)]
+    summed_own = torch.stack([o.double() for o in own]).sum(0) if len(set(rows)) == 1 else None
     for key, candidate in (
+        ("own_slot_summed", [summed_own] * size if summed_own is not None else []),
         ("own", own),
         ("times_w", [e.double() * size for e in expected]),
         ("mean", [e.double() / size for e in expected]),
     ):
-        if all(_close(g, c) for g, c in zip(got, candidate, strict=True)):
+        if candidate and all(_close(g, c) for g, c in zip(got, candidate, strict=True)):
             return CAUSES[key]
     sources: list[int] = []
     for r in range(size):
@@ -221,20 +228,24 @@ def forward_cause(world: WorldLike, impl: Implementation, example: dict[str, Any
     )
     if results is None:
         return ""
-    sources = _row_sources(results[0]["out"], inputs)
+    per_rank = [_row_sources(result["out"], inputs) for result in results]
+    if size > 1 and all(sources == [q for q in range(size) if q != r] for r, sources in enumerate(per_rank)):
+        return CAUSES["own_rows_missing"]
+    sources = per_rank[0]
     if sources is None:
         return ""
+    where = "" if all(other == sources for other in per_rank) else " on rank 0"
     if sources == list(range(size)):
-        if example["layout"] != "contiguous":
+        if example["layout"] != "contiguous" and not where:
             return CAUSES["noncontiguous_input"]
         return ""
     if sources == list(reversed(range(size))):
-        return f"{CAUSES['reversed']} (the output holds rank W-1's rows first)"
+        return f"{CAUSES['reversed']} (the output{where} holds rank W-1's rows first)"
     missing = [r for r in range(size) if r not in sources]
     repeated = sorted({r for r in sources if sources.count(r) > 1})
     if missing and not repeated and sources == [r for r in range(size) if r not in missing]:
-        return f"rank {', '.join(map(str, missing))}'s rows missing from the output"
-    parts = [f"ranks in the output: {sources}"]
+        return f"rank {', '.join(map(str, missing))}'s rows missing from the output{where}"
+    parts = [f"ranks in the output{where}: {sources}"]
     if missing:
         parts.append(f"missing {missing}")
     if repeated:

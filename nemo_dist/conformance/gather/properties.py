@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from hypothesis import strategies as st
 
-from nemo_dist.conformance.deadlines import StepAborted, StepHung
+from nemo_dist.conformance.deadlines import StepAborted, StepBroke, StepHung
+from nemo_dist.conformance.explain import crashed_ranks, grouped
 from nemo_dist.conformance.gather.ranks import same_bits
 from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.conformance.target import NotApplicable, NotSupported
@@ -37,11 +38,16 @@ __all__ = [
 ]
 
 
+_EXAMPLE = "conformance_example"
+
+
 class LastFailure:
     """The data of the last failing example of one check run, for the likely-cause diagnosis.
 
     Hypothesis replays the shrunk example last, so after the property fails
-    this holds the example the verdict shows.
+    this holds the example the verdict shows; each exception raised in
+    :meth:`record` also carries its own example (hypothesis may report
+    several distinct failures).
     """
 
     def __init__(self) -> None:
@@ -49,27 +55,49 @@ class LastFailure:
 
     @contextlib.contextmanager
     def record(self, **example: Any) -> Iterator[None]:
-        """Remember ``example`` if the body raises (then re-raise)."""
+        """Remember ``example`` if the body raises, on this object and on the exception (then re-raise)."""
         try:
             yield
-        except BaseException:
+        except BaseException as exc:
             self.example = example
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, _EXAMPLE, example)
             raise
 
 
+def _crashed(exc: BaseException) -> bool:
+    """Whether a rank died in ``exc`` (a crash is its own verdict, with no gradient cause over it)."""
+    failure = exc.failure if isinstance(exc, StepBroke) else exc
+    failures = getattr(failure, "failures", None)
+    return isinstance(failures, dict) and bool(crashed_ranks(failures))
+
+
+def _attach_cause(exc: BaseException, example: dict[str, Any] | None, cause: Callable[[dict[str, Any]], str]) -> None:
+    # A hang is its own verdict: re-running the example would only hang again; a crash likewise.
+    if example is None or isinstance(exc, (NotSupported, NotApplicable, StepHung)) or _crashed(exc):
+        return
+    try:
+        found = cause(example)
+    except (Exception, StepAborted):
+        found = ""
+    if found:
+        exc.likely_cause = found  # type: ignore[attr-defined]
+
+
 def diagnosed(prop: Callable[[], None], last: LastFailure, cause: Callable[[dict[str, Any]], str]) -> None:
-    """Run ``prop``; when it fails, attach ``cause(example)`` of its last failing example as ``likely_cause``."""
+    """Run ``prop``; when it fails, attach ``cause(example)`` of its failing example as ``likely_cause``.
+
+    When hypothesis found several distinct failures, each one gets the cause of its own example.
+    """
     try:
         prop()
     except (Exception, StepAborted) as exc:
-        # A hang is its own verdict: re-running the example would only hang again.
-        if last.example is not None and not isinstance(exc, (NotSupported, NotApplicable, StepHung)):
-            try:
-                found = cause(last.example)
-            except (Exception, StepAborted):
-                found = ""
-            if found:
-                exc.likely_cause = found  # type: ignore[union-attr]
+        failures = grouped(exc)
+        if failures:
+            for sub in failures:
+                _attach_cause(sub, getattr(sub, _EXAMPLE, None), cause)
+        else:
+            _attach_cause(exc, getattr(exc, _EXAMPLE, last.example), cause)
         raise
 
 
