@@ -11,9 +11,11 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from nemo_dist.conformance import load_checks
 from nemo_dist.conformance.deadlines import FLOOR_S
+from nemo_dist.conformance.profile import NO_DATABASE, resolve_hypothesis_db
 from nemo_dist.conformance.registry import TIERS, select_checks
 from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_checks
@@ -111,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         "is reported hung once every unfinished rank is blocked in a collective or a receive; while one is "
         "still working (importing, compiling, computing) it gets time up to --timeout",
     )
+    p.add_argument(
+        "--hypothesis-db",
+        metavar="DIR|none",
+        help="where hypothesis keeps its example database (failing examples are replayed first on the next "
+        "run) and its caches: DIR, or none for no database (caches in a temporary directory); default "
+        "$XDG_CACHE_HOME/nemo_dist/hypothesis (else ~/.cache/nemo_dist/hypothesis), never the current directory",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
     return p
 
@@ -144,6 +153,13 @@ def _min_deadline(text: str) -> float:
         raise UsageError(
             f"--min-deadline expects a number of seconds > 0, such as --min-deadline 30; got {text!r}"
         ) from None
+
+
+def _hypothesis_db(text: str | None) -> Path | None:
+    try:
+        return resolve_hypothesis_db(text)
+    except ValueError as exc:
+        raise UsageError(f"--hypothesis-db {exc}, such as --hypothesis-db {NO_DATABASE}") from None
 
 
 def fitting_world_sizes(sizes: Sequence[int], gpus_visible: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -232,6 +248,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         impl, components, _, max_examples, timeout, _ = _options(args)
+        hypothesis_db = _hypothesis_db(args.hypothesis_db)
     except UsageError as exc:
         if rank == 0:
             print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
@@ -249,6 +266,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
             max_examples=max_examples,
             on_verdict=_progress(args, rank),
             components=components,
+            hypothesis_db=hypothesis_db,
         )
         if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
             report = report.with_notes("--world-sizes is ignored under torchrun: the world is torchrun's")
@@ -283,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         impl, components, sizes, max_examples, timeout, size_notes = _options(args)
         min_deadline = _min_deadline(args.min_deadline)
+        hypothesis_db = _hypothesis_db(args.hypothesis_db)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -305,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         min_deadline=min_deadline,
         on_verdict=_progress(args),
         components=components,
+        hypothesis_db=hypothesis_db,
     )
     return _emit(report.with_notes(*size_notes) if size_notes else report, args)
 

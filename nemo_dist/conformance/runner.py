@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from nemo_dist.conformance.deadlines import FLOOR_S, Deadlines, DeadlineWorld, StepAborted, warm_up
@@ -167,6 +168,7 @@ def run_checks(
     worlds: Callable[[int], WorldLike] | None = None,
     on_verdict: Callable[[Verdict], None] | None = None,
     components: Sequence[str] | None = None,
+    hypothesis_db: Path | None = None,
 ) -> Report:
     """Run ``checks`` (already selected): the world-less ones once, the others in a world of each size.
 
@@ -179,7 +181,8 @@ def run_checks(
     :mod:`~nemo_dist.conformance.deadlines`), at least ``min_deadline``
     seconds each (``--min-deadline``); a step past its deadline whose ranks
     are still working gets time up to ``timeout``. Hypothesis runs with
-    ``max_examples`` and no database (see :func:`hypothesis_settings`).
+    ``max_examples``, its files under ``hypothesis_db`` (default None: no
+    database, caches in a temporary directory; see :func:`hypothesis_settings`).
     ``on_verdict`` is called after each check (progress output);
     ``components`` (default: those ``impl`` names) is recorded in the report.
     Verdicts come in run order: world-less checks, then by world size, then by check.
@@ -188,7 +191,7 @@ def run_checks(
     verdicts: list[Verdict] = []
     notes: list[str] = []
     deadlines = Deadlines(timeout, min_deadline)
-    with hypothesis_settings(max_examples), contextlib.ExitStack() as owned:
+    with hypothesis_settings(max_examples, database=hypothesis_db), contextlib.ExitStack() as owned:
         run_worldless(checks, impl, verdicts, on_verdict)
         if worlds is None:
             from nemo_dist.testing import World

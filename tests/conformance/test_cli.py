@@ -103,10 +103,14 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
         (["--backend", "mpi"], "--backend expects gloo or nccl"),
         (["--timeout", "0"], "--timeout expects a number of seconds > 0"),
         (["--min-deadline", "soon"], "--min-deadline expects a number of seconds > 0, such as --min-deadline 30"),
+        (["--hypothesis-db", ""], "--hypothesis-db expects a directory or 'none'; got an empty value"),
+        (["--hypothesis-db", __file__], "exists and is not a directory; give a directory or 'none'"),
+        (["--hypothesis-db", f"{__file__}/db"], "cannot be used (Not a directory); give a writable directory"),
     ],
     ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
          "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
-         "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline"],
+         "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline",
+         "hypothesis-db-empty", "hypothesis-db-a-file", "hypothesis-db-under-a-file"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
