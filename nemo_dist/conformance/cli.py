@@ -13,9 +13,11 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from nemo_dist.conformance import load_checks
 from nemo_dist.conformance.deadlines import FLOOR_S
+from nemo_dist.conformance.profile import NO_DATABASE, resolve_hypothesis_db
 from nemo_dist.conformance.registry import TIERS, Check, select_checks
 from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_checks
@@ -133,6 +135,13 @@ def _parser() -> argparse.ArgumentParser:
         help="hypothesis seed of every check (default: a fresh one, printed in the header and in each "
         "failure's Reproduce line, which runs that check alone with it)",
     )
+    p.add_argument(
+        "--hypothesis-db",
+        metavar="DIR|none",
+        help="where hypothesis keeps its example database (failing examples are replayed first on the next "
+        "run) and its caches: DIR, or none for no database (caches in a temporary directory); default "
+        "$XDG_CACHE_HOME/nemo_dist/hypothesis (else ~/.cache/nemo_dist/hypothesis), never the current directory",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
     return p
 
@@ -234,6 +243,13 @@ def _min_deadline(text: str) -> float:
         ) from None
 
 
+def _hypothesis_db(text: str | None) -> Path | None:
+    try:
+        return resolve_hypothesis_db(text)
+    except ValueError as exc:
+        raise UsageError(f"--hypothesis-db {exc}, such as --hypothesis-db {NO_DATABASE}") from None
+
+
 def fitting_world_sizes(sizes: Sequence[int], gpus_visible: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The sizes an NCCL run can start with ``gpus_visible`` GPUs (one per rank), and a note per size left out."""
     fit = tuple(s for s in sizes if s <= gpus_visible)
@@ -321,6 +337,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
     try:
         impl, components, _, max_examples, timeout, _ = _options(args)
         checks, impl = _selected(args, impl, components)
+        hypothesis_db = _hypothesis_db(args.hypothesis_db)
     except UsageError as exc:
         if rank == 0:
             print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
@@ -337,6 +354,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
             max_examples=max_examples,
             on_verdict=_progress(args, rank),
             components=components,
+            hypothesis_db=hypothesis_db,
         )
         if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
             report = report.with_notes("--world-sizes is ignored under torchrun: the world is torchrun's")
@@ -372,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         impl, components, sizes, max_examples, timeout, size_notes = _options(args)
         min_deadline = _min_deadline(args.min_deadline)
         seed = _seed(args.seed)
+        hypothesis_db = _hypothesis_db(args.hypothesis_db)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -399,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_verdict=_progress(args),
         components=components,
         seed=seed,
+        hypothesis_db=hypothesis_db,
     )
     report = dataclasses.replace(report, command=reproduce_command(args))
     return _emit(report.with_notes(*size_notes) if size_notes else report, args)

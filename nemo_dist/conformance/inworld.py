@@ -15,6 +15,7 @@ import os
 import pickle
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from nemo_dist.conformance.profile import hypothesis_settings
@@ -126,6 +127,7 @@ def run_in_world(
     max_examples: int | None,
     on_verdict: Callable[[Verdict], None] | None = None,
     components: Sequence[str] = COMPONENTS,
+    hypothesis_db: Path | None = None,
 ) -> Report:
     """Run ``checks`` in this process's existing world on every rank; return the report.
 
@@ -133,7 +135,8 @@ def run_in_world(
     compare the check names first, and raise :class:`LockstepError` if they
     differ). Checks that need no process group run once (and skip: this
     process has one); checks whose world-size range excludes this world are
-    not applicable.
+    not applicable. Hypothesis runs derandomized, so with no example
+    database; its caches go under ``hypothesis_db`` (None: a temporary directory).
     """
     import time
 
@@ -148,7 +151,7 @@ def run_in_world(
     start = time.perf_counter()
     verdicts: list[Verdict] = []
     notes = [f"torchrun world of {world.size} ranks; rank 0 reports"]
-    with hypothesis_settings(max_examples, derandomize=True):
+    with hypothesis_settings(max_examples, derandomize=True, database=hypothesis_db):
         run_worldless(checks, impl, verdicts, on_verdict)
         run_checks_in(checks, world, impl, verdicts, on_verdict, notes=notes)
     return Report(

@@ -1,12 +1,32 @@
-"""The hypothesis settings and seed of a conformance run, applied for its duration and then restored."""
+"""The hypothesis settings and seed of a conformance run, applied for its duration and then restored.
+
+Hypothesis keeps its example database and caches under one directory, by
+default ``.hypothesis/`` in the current directory. A conformance run puts them
+under a directory it is given (the front ends' default:
+:func:`default_hypothesis_dir`, in the user's cache directory), or, with no
+database, in a temporary directory removed afterwards: never in the directory
+the user runs the command from.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-__all__ = ["hypothesis_settings", "new_seed", "seeded"]
+__all__ = [
+    "NO_DATABASE",
+    "default_hypothesis_dir",
+    "hypothesis_settings",
+    "new_seed",
+    "parse_hypothesis_db",
+    "resolve_hypothesis_db",
+    "seeded",
+]
 
 
 def new_seed() -> int:
@@ -36,19 +56,94 @@ def seeded(seed: int | None) -> Iterator[None]:
 _PROFILE = "nemo_dist_conformance"
 _RESTORE_PROFILE = "nemo_dist_conformance_restore"
 
+#: The ``--hypothesis-db`` value that keeps no example database.
+NO_DATABASE = "none"
+
+
+def default_hypothesis_dir() -> Path:
+    """``$XDG_CACHE_HOME/nemo_dist/hypothesis``, or ``~/.cache/nemo_dist/hypothesis`` when it is unset or relative."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if cache and Path(cache).is_absolute() else Path.home() / ".cache"
+    return base / "nemo_dist" / "hypothesis"
+
+
+def parse_hypothesis_db(text: str) -> Path | None:
+    """The directory an ``--hypothesis-db`` value names (``~`` expanded), or None for :data:`NO_DATABASE`.
+
+    Raises ``ValueError`` saying what is wrong for an empty value or a path
+    that exists and is not a directory.
+    """
+    if text.strip().lower() == NO_DATABASE:
+        return None
+    if not text.strip():
+        raise ValueError(f"expects a directory or {NO_DATABASE!r}; got an empty value")
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{text!r} exists and is not a directory; give a directory or {NO_DATABASE!r}")
+    return path
+
+
+def _writable(path: Path) -> str:
+    """Create ``path`` if needed; "" when it is a writable directory, else the reason it is not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return "" if os.access(path, os.W_OK | os.X_OK) else "not writable"
+
+
+def resolve_hypothesis_db(text: str | None) -> Path | None:
+    """The directory a front end's ``--hypothesis-db`` value gives (None: no database), created if missing.
+
+    ``text`` None means the default, :func:`default_hypothesis_dir`, or no
+    database when that cannot be created or written (a read-only home, say).
+    A named directory that cannot be is a ``ValueError`` saying why, as is
+    any value :func:`parse_hypothesis_db` refuses.
+    """
+    if text is None:
+        default = default_hypothesis_dir()
+        return None if _writable(default) else default
+    path = parse_hypothesis_db(text)
+    if path is not None and (reason := _writable(path)):
+        raise ValueError(f"{text!r} cannot be used ({reason}); give a writable directory or {NO_DATABASE!r}")
+    return path
+
+
+@contextmanager
+def _hypothesis_home(directory: Path | None) -> Iterator[Path]:
+    """Point hypothesis's storage (database default, caches) at ``directory``, or a temporary one; then undo it.
+
+    Undoing means hypothesis's own default again (``HYPOTHESIS_STORAGE_DIRECTORY``
+    or ``.hypothesis/`` in the current directory, resolved on next use).
+    """
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    with contextlib.ExitStack() as stack:
+        if directory is None:
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nemo_dist_hypothesis_")))
+        set_hypothesis_home_dir(directory)
+        try:
+            yield directory
+        finally:
+            set_hypothesis_home_dir(None)
+
 
 @contextmanager
 def hypothesis_settings(
-    max_examples: int | None, *, derandomize: bool = False, database: bool = False
+    max_examples: int | None, *, derandomize: bool = False, database: Path | None = None
 ) -> Iterator[None]:
     """Run the body under conformance hypothesis settings, then restore the previous ones.
 
-    No example database (unless ``database``: pytest keeps its own), no
-    deadline, no ``too_slow`` health check, no ``explain`` phase;
-    ``max_examples`` when given (else the active profile's). ``derandomize``
-    makes every process draw the same examples (torchrun mode).
+    ``database``: the directory hypothesis keeps its files under for the run
+    (the example database in ``examples/``, its caches beside it); None: no
+    example database, and its caches in a temporary directory removed
+    afterwards. No deadline, no ``too_slow`` health check, no ``explain``
+    phase; ``max_examples`` when given (else the active profile's).
+    ``derandomize`` makes every process draw the same examples (torchrun
+    mode; hypothesis then keeps no database).
     """
     from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
 
     previous = settings.default
     assert previous is not None
@@ -56,20 +151,21 @@ def hypothesis_settings(
         "deadline": None,
         "suppress_health_check": [*previous.suppress_health_check, HealthCheck.too_slow],
     }
-    if not database:
-        changes["database"] = None
     if max_examples is not None:
         changes["max_examples"] = max_examples
     # "explain" replays examples to list the lines only failing cases ran:
     # noise in a verdict table, extra time, and one more thing that could
     # differ between ranks under torchrun.
     changes["phases"] = [p for p in previous.phases if p is not Phase.explain]
-    if derandomize:
-        changes["derandomize"] = True
-    settings.register_profile(_PROFILE, previous, **changes)
-    settings.load_profile(_PROFILE)
-    try:
-        yield
-    finally:
-        settings.register_profile(_RESTORE_PROFILE, previous)
-        settings.load_profile(_RESTORE_PROFILE)
+    if derandomize or previous.derandomize:
+        changes["derandomize"] = True  # implies no database
+    else:
+        changes["database"] = None if database is None else DirectoryBasedExampleDatabase(database / "examples")
+    with _hypothesis_home(database):
+        settings.register_profile(_PROFILE, previous, **changes)
+        settings.load_profile(_PROFILE)
+        try:
+            yield
+        finally:
+            settings.register_profile(_RESTORE_PROFILE, previous)
+            settings.load_profile(_RESTORE_PROFILE)

@@ -11,7 +11,10 @@ checks only those components; naming none checks the bundled ones),
 ``--conformance-no-grad-fn`` and ``--conformance-gather-form``),
 ``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
 ``--conformance-max-examples``, ``--conformance-backend`` (gloo, nccl) and
-``--conformance-min-deadline``.
+``--conformance-min-deadline`` and
+``--conformance-hypothesis-db DIR|none`` (where hypothesis keeps its example
+database and caches; default in the user's cache directory, never the current
+directory).
 
 A check the implementation does not support, or that does not apply to what
 it did, is skipped with the reason; a failure shows hypothesis's shrunk
@@ -32,11 +35,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from nemo_dist.conformance.deadlines import Deadlines
     from nemo_dist.conformance.target import Implementation
     from nemo_dist.testing.plugin import WorldFactory
 
-__all__ = ["check_holds", "implementation", "min_deadline", "option_name", "reproduce_line"]
+__all__ = ["check_holds", "hypothesis_db", "implementation", "min_deadline", "option_name", "reproduce_line"]
 
 
 def option_name(field: str) -> str:
@@ -81,6 +86,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the least per-step deadline (default 10; at most --dist-timeout); a step past it whose ranks are "
         "still working gets time up to --dist-timeout",
     )
+    group.addoption(
+        "--conformance-hypothesis-db",
+        metavar="DIR|none",
+        default=None,
+        help="where hypothesis keeps its example database and caches: DIR, or none for no database (caches in "
+        "a temporary directory); default $XDG_CACHE_HOME/nemo_dist/hypothesis (else ~/.cache/nemo_dist/hypothesis)",
+    )
 
 
 def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ...]]:
@@ -108,6 +120,21 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     return impl, checked
 
 
+def hypothesis_db(config: pytest.Config) -> Path | None:
+    """The directory ``--conformance-hypothesis-db`` names (default: the user's cache), or None for no database.
+
+    Raises ``pytest.UsageError`` saying how to fix a bad value.
+    """
+    from nemo_dist.conformance.profile import NO_DATABASE, resolve_hypothesis_db
+
+    try:
+        return resolve_hypothesis_db(config.getoption("--conformance-hypothesis-db"))
+    except ValueError as exc:
+        raise pytest.UsageError(
+            f"--conformance-hypothesis-db {exc}, such as --conformance-hypothesis-db {NO_DATABASE}"
+        ) from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Validate the options early, so a bad module is a usage error before collection."""
     from nemo_dist.conformance.registry import TIERS
@@ -116,6 +143,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--conformance-tier expects one of {', '.join(TIERS)}")
     if config.getoption("--conformance-backend") not in ("gloo", "nccl"):
         raise pytest.UsageError("--conformance-backend expects gloo or nccl")
+    hypothesis_db(config)
     implementation(config)
     min_deadline(config)
 
@@ -196,6 +224,7 @@ _REPEATED = (
     "--conformance-max-examples",
     "--conformance-backend",
     "--conformance-min-deadline",
+    "--conformance-hypothesis-db",
 )
 _DEFAULTS = {"--conformance-gather-form": "auto", "--conformance-tier": "all", "--conformance-backend": "gloo"}
 
@@ -223,7 +252,11 @@ def check_holds(
     reproduce = f"\nReproduce: {reproduce_line(config, nodeid, case.world_size, seed)}" if nodeid else ""
     # As in the command, warnings the implementation raises are notes (pytest's warnings summary), not failures.
     max_examples = config.getoption("--conformance-max-examples")
-    with warnings.catch_warnings(), hypothesis_settings(max_examples, database=True), seeded(seed):
+    with (
+        warnings.catch_warnings(),
+        hypothesis_settings(max_examples, database=hypothesis_db(config)),
+        seeded(seed),
+    ):
         warnings.simplefilter("default")
         try:
             case.check(world, case.impl)

@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from nemo_dist.conformance.deadlines import FLOOR_S, Deadlines, DeadlineWorld, StepAborted, warm_up
@@ -177,6 +178,7 @@ def run_checks(
     on_verdict: Callable[[Verdict], None] | None = None,
     components: Sequence[str] | None = None,
     seed: int | None = None,
+    hypothesis_db: Path | None = None,
 ) -> Report:
     """Run ``checks`` (already selected): the world-less ones once, the others in a world of each size.
 
@@ -189,8 +191,9 @@ def run_checks(
     :mod:`~nemo_dist.conformance.deadlines`), at least ``min_deadline``
     seconds each (``--min-deadline``); a step past its deadline whose ranks
     are still working gets time up to ``timeout``. Hypothesis runs with
-    ``max_examples``, no database (see :func:`hypothesis_settings`) and
-    ``seed`` (default: a fresh one), recorded in the report, so a failing
+    ``max_examples``, its files under ``hypothesis_db`` (default None: no
+    database, caches in a temporary directory; see :func:`hypothesis_settings`)
+    and ``seed`` (default: a fresh one), recorded in the report, so a failing
     check run alone with that seed fails the same way.
     ``on_verdict`` is called after each check (progress output);
     ``components`` (default: those ``impl`` names) is recorded in the report.
@@ -201,7 +204,7 @@ def run_checks(
     notes: list[str] = []
     deadlines = Deadlines(timeout, min_deadline)
     seed = new_seed() if seed is None else seed
-    with hypothesis_settings(max_examples), seeded(seed), contextlib.ExitStack() as owned:
+    with hypothesis_settings(max_examples, database=hypothesis_db), seeded(seed), contextlib.ExitStack() as owned:
         run_worldless(checks, impl, verdicts, on_verdict)
         if worlds is None:
             from nemo_dist.testing import World

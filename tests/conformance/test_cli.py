@@ -134,11 +134,15 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
         (["--check", "gather.no_such_check"], "--check 'gather.no_such_check' names no check of the selected tier"),
         (["--check", "ddp.bucket_cap_mb[Nope]"],
          "no entry point 'Nope' for this check; use ddp.bucket_cap_mb[parallelize_ddp], ddp.bucket_cap_mb[DDPManager]"),
+        (["--hypothesis-db", ""], "--hypothesis-db expects a directory or 'none'; got an empty value"),
+        (["--hypothesis-db", __file__], "exists and is not a directory; give a directory or 'none'"),
+        (["--hypothesis-db", f"{__file__}/db"], "cannot be used (Not a directory); give a writable directory"),
     ],
     ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
          "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
          "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline", "seed",
-         "check-unknown", "check-entry-point"],
+         "check-unknown", "check-entry-point", "hypothesis-db-empty", "hypothesis-db-a-file",
+         "hypothesis-db-under-a-file"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

@@ -22,16 +22,20 @@ only (with transformers installed); the reference's are in
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import Phase, settings
 
 from nemo_dist.conformance import COMPONENTS, REFERENCE, Implementation, Report, format_report, load_checks, run_checks
 from nemo_dist.conformance import select_checks as select
+from nemo_dist.conformance.gather.checks import FIXED_IN_PLACE_EXAMPLE
 from nemo_dist.testing.plugin import WorldFactory
 
 _FORK_FILES = sorted(
@@ -83,6 +87,7 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_gather_no_cross_rank_sum": [("gather.backward_sums_rank_slices", "gradient of x")],
     "broken_gather_wrong_order": [("gather.forward_matches_cat", "gathered output: values differ")],
     "broken_gather_mutates_grad": [("gather.inputs_and_grads_not_modified", "modified in place")],
+    "broken_gather_reduces_grad_in_place": [("gather.inputs_and_grads_not_modified", "modified in place")],
     "broken_gather_uneven_hangs_or_garbage": [("gather.uneven_mismatch_raises_on_every_rank", "ValueError")],
     "broken_gather_forward_drops_last_rank": [("gather.forward_matches_cat", "gathered output")],
     "broken_gather_gathers_in_float32": [("gather.forward_matches_cat", "dtype")],
@@ -132,6 +137,19 @@ if importlib.util.find_spec("transformers") is not None:  # Whisper's encoder is
     UPSTREAM_EXTENDED_FINDINGS |= {
         (f"ddp.checkpointing_real_models_beyond_upstream[{api}]", 1) for api in ("parallelize_ddp", "DDPManager")
     }
+
+#: Forks whose backward changes the caller's contiguous upstream gradient in place -> world size -> whether the
+#: in-place check fails there (in a world of one they return x itself: no backward of theirs runs).
+IN_PLACE_GRADIENT = {
+    fork: {1: False, 2: True, 3: True, 4: True}
+    for fork in ("broken_gather_mutates_grad", "broken_gather_reduces_grad_in_place")
+}
+#: Hypothesis settings the in-place check must catch them under: its own examples off, derandomized, random.
+HYPOTHESIS_VARIANTS: dict[str, dict[str, Any]] = {
+    "generation_off": {"phases": [Phase.explicit]},
+    "derandomized": {"derandomize": True},
+    "random": {"derandomize": False},
+}
 
 _REPORTS: dict[str, tuple[Report, str]] = {}
 
@@ -250,3 +268,36 @@ def test_entry_point_casting_to_bfloat16_conforms_compared_in_its_dtype(fork: st
     report, table = _report(fork, world_factory)
     assert report.exit_code() == 0, table
     assert "must have the same dtype" not in table
+
+
+@contextlib.contextmanager
+def _hypothesis(**changes: Any) -> Iterator[None]:
+    """The active hypothesis settings with ``changes``, restored afterwards."""
+    previous = settings.default
+    assert previous is not None
+    settings.register_profile("test_forks_variant", previous, **changes)
+    settings.load_profile("test_forks_variant")
+    try:
+        yield
+    finally:
+        settings.register_profile("test_forks_restore", previous)
+        settings.load_profile("test_forks_restore")
+
+
+@pytest.mark.parametrize("variant", list(HYPOTHESIS_VARIANTS))
+@pytest.mark.parametrize("fork", list(IN_PLACE_GRADIENT))
+def test_in_place_gradient_change_is_caught_at_every_world_size_whatever_hypothesis_draws(
+    fork: str, variant: str, world_factory: WorldFactory
+) -> None:
+    """The in-place check fails at world sizes 2, 3 and 4 on its fixed first example, with one or no drawn example."""
+    impl, components, _ = TARGETS[fork]
+    checks = select(load_checks().values(), impl, "core", "inputs_and_grads_not_modified", components)
+    with _hypothesis(**HYPOTHESIS_VARIANTS[variant]):
+        report = run_checks(checks, impl, (1, 2, 3, 4), max_examples=1, worlds=world_factory, components=components)
+    table = format_report(report)
+    failed = {v.world_size: v.failed for v in report.verdicts}
+    assert failed == IN_PLACE_GRADIENT[fork], table
+    for verdict in report.verdicts:
+        if verdict.failed:
+            assert "the upstream gradient passed to out.backward(g) was modified in place" in verdict.message, table
+            assert verdict.example == FIXED_IN_PLACE_EXAMPLE, table

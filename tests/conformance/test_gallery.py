@@ -13,8 +13,10 @@ suite says when a torch release fixes it.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nemo_dist.conformance import Implementation, Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.gather import ranks
 from nemo_dist.conformance.gather.diagnosis import CAUSES
 from nemo_dist.conformance.report import format_report
 from nemo_dist.testing.plugin import WorldFactory
@@ -34,6 +36,7 @@ GALLERY: list[tuple[str, int, str | None]] = [
     ("tests.forks.gallery_reversed_order:gather_reversed", 1, CAUSES["reversed"]),
     ("tests.forks.gallery_stacked_global_rank:AllGather", 0, None),
     ("tests.forks.gallery_subgroup_guard_hangs:GroupGather", 0, None),
+    ("tests.forks.gallery_list_own_slot_is_input:gather_list", 0, None),
 ]
 
 TORCH_ALL_GATHER = "torch.distributed.nn.functional:all_gather"
@@ -89,6 +92,30 @@ def test_gallery_pattern_gets_its_core_verdict_and_likely_cause(
     assert {v.world_size for v in failed} == set(SIZES), table
     assert all(v.cause.startswith(cause) for v in failed), table
     assert f"Likely cause: {cause}" in table
+
+
+LIST_HOLDING_X = "tests.forks.gallery_list_own_slot_is_input:gather_list"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_list_holding_x_itself_is_combined_outside_autograd_without_grad(
+    size: int, world_factory: WorldFactory
+) -> None:
+    """The no-grad call of a list return whose own slot is x itself (x requires grad) gives a cat outside autograd."""
+    impl = Implementation(gather=None, gather_fn=LIST_HOLDING_X)
+    inputs = [torch.full((2, 3), float(r + 1)) for r in range(size)]
+    results = world_factory(size).run(ranks.forward, impl, inputs, "contiguous", no_grad=True, requires_grad=True)
+    for result in results:
+        assert result["requires_grad"] is False
+        assert torch.equal(result["out"], torch.cat(inputs))
+
+
+def test_list_holding_x_itself_conforms_on_core(world_factory: WorldFactory) -> None:
+    """That list return passes every core check in worlds of 2 and 3 (the no-grad check included)."""
+    report, table = _run(LIST_HOLDING_X, world_factory, "core", max_examples=5)
+    assert report.exit_code() == 0, table
+    no_grad = [v for v in report.verdicts if v.check == "gather.no_grad_matches_cat_without_grad"]
+    assert [(v.world_size, v.outcome) for v in no_grad] == [(2, "pass"), (3, "pass")], table
 
 
 def test_global_rank_in_a_subgroup_is_named_as_the_cause(world_factory: WorldFactory) -> None:

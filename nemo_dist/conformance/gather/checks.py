@@ -23,6 +23,7 @@ the likely cause (:mod:`~nemo_dist.conformance.gather.diagnosis`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ from nemo_dist.conformance.target import Implementation, NotSupported
 from nemo_dist.testing import strategies as ds
 
 __all__ = [
+    "FIXED_IN_PLACE_EXAMPLE",
     "autograd_function_returns_rank_tuple",
     "backward_handles_sum_repeated_and_partial_losses",
     "backward_sums_rank_slices",
@@ -239,9 +241,67 @@ def float_grads_within_tolerance(world: WorldLike, impl: Implementation) -> None
     diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
 
 
+def _assert_not_modified(
+    world: WorldLike,
+    impl: Implementation,
+    inputs: list[torch.Tensor],
+    layout: str,
+    grads: list[torch.Tensor],
+    grad_layout: str,
+    loss: str,
+) -> None:
+    results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss)
+    for r, result in enumerate(results):
+        assert result["input_intact"], f"rank {r}: the caller's input was modified in place"
+        assert result["grad_intact"], f"rank {r}: the upstream gradient passed to out.backward(g) was modified in place"
+        if result["out_grad"] is not None:
+            assert_same(
+                result["out_grad"],
+                grads[r],
+                f"rank {r}: the gathered output's retained gradient (loss {loss!r}) after backward",
+            )
+
+
+#: What the in-place check's first, fixed example is, as its failure shows it.
+FIXED_IN_PLACE_EXAMPLE = (
+    "Fixed example (run first, whatever hypothesis draws): float32 inputs of shape (2, 3), each rank's "
+    "upstream gradient contiguous and of positive integers differing between ranks, loss 'direct' "
+    "(out.backward(g)): a backward that reduces or resets g in place changes it"
+)
+
+
+def _fixed_in_place_example(size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Inputs and contiguous upstream gradients that any in-place reduction or reset of ``g`` would change.
+
+    Every value is a positive integer (exact in float32), and rank r's
+    gradient is ``r + 1`` times a pattern with no zero, so a sum over two or
+    more ranks differs from every rank's own gradient.
+    """
+    inputs = [torch.arange(6, dtype=torch.float32).reshape(2, 3) + 1 + 6 * r for r in range(size)]
+    pattern = (torch.arange(size * 6, dtype=torch.float32) % 5 + 1).reshape(size * 2, 3)
+    return inputs, [pattern * (r + 1) for r in range(size)]
+
+
 @check("gather.inputs_and_grads_not_modified", tier="core", component="gather")
 def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> None:
-    """Forward and backward leave the caller's input, the upstream gradient and the output's retained grad intact."""
+    """Forward and backward leave the caller's input, the upstream gradient and the output's retained grad intact.
+
+    The first example is fixed (:data:`FIXED_IN_PLACE_EXAMPLE`), so a backward
+    that reduces the caller's contiguous gradient in place is caught at every
+    world size whatever hypothesis draws (its examples shrink toward zero
+    gradients, which an in-place sum leaves unchanged); hypothesis's examples
+    follow.
+    """
+    inputs, grads = _fixed_in_place_example(world.size)
+    try:
+        _assert_not_modified(world, impl, inputs, "contiguous", grads, "contiguous", "direct")
+    except AssertionError as exc:
+        # Shown as the verdict's example, where hypothesis's "Failing test case" goes.
+        if sys.version_info >= (3, 11):
+            exc.add_note(FIXED_IN_PLACE_EXAMPLE)
+        else:
+            exc.__notes__ = [*getattr(exc, "__notes__", []), FIXED_IN_PLACE_EXAMPLE]  # type: ignore[attr-defined]
+        raise
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
@@ -250,18 +310,7 @@ def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> Non
         # Both losses give d loss / d out = g; "weighted" hands backward a fresh
         # tensor that is also what out.retain_grad() keeps.
         loss = data.draw(st.sampled_from(["direct", "weighted"]), label="loss")
-        results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss)
-        for r, result in enumerate(results):
-            assert result["input_intact"], f"rank {r}: the caller's input was modified in place"
-            assert result["grad_intact"], (
-                f"rank {r}: the upstream gradient passed to out.backward(g) was modified in place"
-            )
-            if result["out_grad"] is not None:
-                assert_same(
-                    result["out_grad"],
-                    grads[r],
-                    f"rank {r}: the gathered output's retained gradient (loss {loss!r}) after backward",
-                )
+        _assert_not_modified(world, impl, inputs, layout, grads, grad_layout, loss)
 
     prop()
 

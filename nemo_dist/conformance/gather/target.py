@@ -130,7 +130,11 @@ class GatherTarget:
     def gather(
         self, x: torch.Tensor, *, no_grad: bool = False, group: Any = None, uneven: bool = False
     ) -> torch.Tensor:
-        """Call the target on ``x`` and return the concatenation of every rank's rows."""
+        """Call the target on ``x`` and return the concatenation of every rank's rows.
+
+        With ``no_grad`` and no separate no-grad callable, the call and the
+        concatenation of a returned tuple or list both run under ``torch.no_grad()``.
+        """
         if no_grad and self._no_grad is not None:
             fn, signature, name = self._no_grad, self._no_grad_signature, f"{self.label} (no grad)"
         else:
@@ -148,8 +152,9 @@ class GatherTarget:
             kwargs["uneven"] = True
         context = torch.no_grad() if no_grad and self._no_grad is None else contextlib.nullcontext()
         with context:
-            out = fn(*args, **kwargs)
-        return _as_cat(out, x, self.form, name)
+            # Combining a returned list is part of the call: under the call's grad mode, or a
+            # list holding x itself (which requires grad) would concatenate into autograd.
+            return _as_cat(fn(*args, **kwargs), x, self.form, name)
 
 
 def _callable(spec: str) -> tuple[Callable[..., Any], _Signature, bool]:

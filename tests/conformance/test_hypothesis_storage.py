@@ -1,0 +1,166 @@
+"""Where a conformance run leaves hypothesis's files: a cache directory, or nowhere, never the current directory.
+
+Layers cheapest first: :func:`hypothesis_settings` in this process (no process
+group), then the command and ``pytest conformance/`` as subprocesses started
+from an empty directory, in a gloo world of one rank.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from nemo_dist.conformance.profile import (
+    default_hypothesis_dir,
+    hypothesis_settings,
+    parse_hypothesis_db,
+    resolve_hypothesis_db,
+)
+from tests.conformance._cli import ROOT, clean_env
+
+
+def _fail_on_one(database: Path | None) -> None:
+    """Run a property that fails for n >= 1 under the conformance settings with ``database``."""
+
+    @given(st.integers(0, 10))
+    def prop(n: int) -> None:
+        assert n < 1
+
+    with hypothesis_settings(20, database=database), pytest.raises(AssertionError):
+        prop()
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def test_failing_example_is_saved_under_the_given_directory_not_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a directory, the failing example lands in its examples/ database; the cwd gets no .hypothesis."""
+    cwd, db = tmp_path / "cwd", tmp_path / "db"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    _fail_on_one(db)
+    assert _files(db / "examples"), list(db.rglob("*"))
+    assert list(cwd.iterdir()) == []
+
+
+def test_no_database_keeps_no_example_and_writes_nothing_in_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a directory, hypothesis has no database during the run and leaves no file in the cwd."""
+    monkeypatch.chdir(tmp_path)
+    with hypothesis_settings(5):
+        assert settings.default is not None
+        assert settings.default.database is None
+    _fail_on_one(None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_database_is_a_directory_database_under_examples(tmp_path: Path) -> None:
+    """During the run the active database is a DirectoryBasedExampleDatabase at DIR/examples; afterwards the old one."""
+    before = settings.default
+    with hypothesis_settings(5, database=tmp_path):
+        assert settings.default is not None
+        database = settings.default.database
+        assert isinstance(database, DirectoryBasedExampleDatabase)
+        assert database == DirectoryBasedExampleDatabase(tmp_path / "examples")
+    assert settings.default is not None
+    assert before is not None
+    assert settings.default.max_examples == before.max_examples
+
+
+@pytest.mark.parametrize(
+    ("xdg", "expected"),
+    [("/xdg/cache", Path("/xdg/cache/nemo_dist/hypothesis")), ("", None), ("relative/cache", None)],
+    ids=["xdg-absolute", "xdg-empty", "xdg-relative-ignored"],
+)
+def test_default_directory_is_in_the_users_cache(
+    xdg: str, expected: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$XDG_CACHE_HOME/nemo_dist/hypothesis when it is absolute, else ~/.cache/nemo_dist/hypothesis."""
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert default_hypothesis_dir() == (expected or Path.home() / ".cache" / "nemo_dist" / "hypothesis")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "expects a directory or 'none'; got an empty value"), (__file__, "exists and is not a directory")],
+    ids=["empty", "a-file"],
+)
+def test_bad_database_value_is_refused_naming_the_problem(text: str, message: str) -> None:
+    """An empty value or an existing file is a ValueError saying what is wrong; 'none' means no database."""
+    with pytest.raises(ValueError, match=message):
+        parse_hypothesis_db(text)
+    assert parse_hypothesis_db("none") is None
+
+
+def test_default_directory_that_cannot_be_created_means_no_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache directory under a file (a read-only home, say) is no usage error: the run keeps no database."""
+    monkeypatch.setenv("XDG_CACHE_HOME", __file__)
+    assert resolve_hypothesis_db(None) is None
+    with pytest.raises(ValueError, match="cannot be used"):
+        resolve_hypothesis_db(f"{__file__}/db")
+
+
+def _run_from(cwd: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python *args`` started in ``cwd`` with this checkout importable and XDG_CACHE_HOME=``cache``."""
+    env = {**clean_env(), "XDG_CACHE_HOME": str(cache)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+
+
+COMMAND = ("-m", "nemo_dist.conformance", "--world-sizes", "1", "-k", "gather", "--tier", "core", "-q",
+           "--max-examples", "3")
+
+
+@pytest.mark.parametrize(("extra", "in_cache"), [((), True), (("--hypothesis-db", "none"), False)],
+                         ids=["default", "none"])
+def test_command_writes_no_hypothesis_directory_in_the_cwd(
+    extra: tuple[str, ...], in_cache: bool, tmp_path: Path
+) -> None:
+    """From an empty directory the command leaves it empty; hypothesis's files go to the cache, or with none nowhere."""
+    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+    cwd.mkdir()
+    cache.mkdir()
+    result = _run_from(cwd, cache, *COMMAND, *extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert list(cwd.iterdir()) == [], list(cwd.rglob("*"))
+    if in_cache:
+        assert (cache / "nemo_dist" / "hypothesis").is_dir(), list(cache.rglob("*"))
+    else:
+        assert list(cache.iterdir()) == [], list(cache.rglob("*"))
+
+
+def test_pytest_front_end_writes_no_hypothesis_directory_in_the_cwd(tmp_path: Path) -> None:
+    """``pytest conformance/`` started elsewhere leaves the cwd without .hypothesis; the cache directory gets it."""
+    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+    cwd.mkdir()
+    result = _run_from(
+        cwd, cache, "-m", "pytest", str(ROOT / "conformance"), "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
+        "--dist-world-sizes", "1", "--conformance-max-examples", "3", "-k", "gather and forward_matches",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout, result.stdout
+    assert not (cwd / ".hypothesis").exists(), list(cwd.rglob("*"))
+    assert (cache / "nemo_dist" / "hypothesis").is_dir(), list(cache.rglob("*"))
+
+
+def test_pytest_front_end_refuses_a_bad_database_value(tmp_path: Path) -> None:
+    """An empty --conformance-hypothesis-db is a pytest usage error naming the option and the way out."""
+    result = _run_from(
+        tmp_path, tmp_path, "-m", "pytest", str(ROOT / "conformance"), "-p", "no:cacheprovider", "-q",
+        "--conformance-hypothesis-db", "",
+    )
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "--conformance-hypothesis-db expects a directory or 'none'" in result.stderr
