@@ -47,7 +47,7 @@ ALL_DTYPES: tuple[torch.dtype, ...] = (*FLOAT_DTYPES, torch.int64, torch.int32, 
 LAYOUTS: tuple[str, ...] = ("contiguous", "transposed", "strided", "channels_last")
 
 #: What ``rank_tensors`` fills tensors with (see its docstring).
-Values = Literal["integers", "floats", "bits"]
+Values = Literal["integers", "floats", "bits", "random"]
 
 _SMALL_INT = 8  # |value| <= 8: exact in every float dtype, and so are sums of a few
 _BITS_DTYPE = {
@@ -146,6 +146,10 @@ def _tensor_from_ints(values: list[Any], shape: tuple[int, ...], dtype: torch.dt
 
 
 def _element_strategy(dtype: torch.dtype, kind: Values) -> st.SearchStrategy[Any]:
+    if kind == "random":
+        if not dtype.is_floating_point:
+            raise ValueError(f"values='random' needs a float dtype, got {dtype}")
+        return st.integers(0, 2**32 - 1)
     if kind == "bits":
         if dtype not in _BITS_DTYPE:
             raise ValueError(f"values='bits' needs a float dtype, got {dtype}")
@@ -183,12 +187,21 @@ def rank_tensors(
     exact; "floats" are multiples of 1/1024 in [-4, 4], not integer-valued, for
     tolerance checks; "bits" mixes small integers with any bit pattern of the
     float dtype (NaN, inf, -0.0, subnormals), for bit-exact copy checks, and
-    shrinks toward the small integers. Shrinks toward all zeros.
+    shrinks toward the small integers; "random" are standard normal draws
+    rounded to the float dtype (full-mantissa values, almost none exact in a
+    lower precision), generated from one seed for all ranks, for precision
+    checks: they shrink toward seed 0, never toward exact values. The other kinds
+    shrink toward all zeros.
     """
     per_rank = list(rows) if rows is not None else [shape[0]] * world_size
     if len(per_rank) != world_size:
         raise ValueError(f"rank_tensors: rows has {len(per_rank)} counts for {world_size} ranks")
     elements = _element_strategy(dtype, values)
+    if values == "random":  # one seed, one stream: every rank's values differ
+        generator = torch.Generator().manual_seed(draw(elements))
+        return [
+            torch.randn((n, *shape[1:]), generator=generator, dtype=torch.float64).to(dtype) for n in per_rank
+        ]
     tensors = []
     for n in per_rank:
         rank_shape = (n, *shape[1:])
@@ -214,7 +227,7 @@ def upstream_grads(
 
     Each rank's gradient differs (the loss is asymmetric across ranks).
     Integer-valued by default so the sums of the gradient rule are exact; see
-    :func:`rank_tensors` for ``values``. Shrinks toward all zeros.
+    :func:`rank_tensors` for ``values`` and how each kind shrinks.
     """
     return rank_tensors(world_size, out_shape, dtype, values=values)
 

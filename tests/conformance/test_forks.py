@@ -91,6 +91,12 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_gather_uneven_hangs_or_garbage": [("gather.uneven_mismatch_raises_on_every_rank", "ValueError")],
     "broken_gather_forward_drops_last_rank": [("gather.forward_matches_cat", "gathered output")],
     "broken_gather_gathers_in_float32": [("gather.forward_matches_cat", "dtype")],
+    "broken_gather_reduces_float64_in_float32": [
+        ("gather.float_grads_within_tolerance", r"torch\.float64 values off by more than the reduction bound")
+    ],
+    "broken_gather_reduces_float32_in_bfloat16": [
+        ("gather.float_grads_within_tolerance", r"torch\.float32 values off by more than the reduction bound")
+    ],
     "broken_ddp_drops_bucket_cap": [("ddp.bucket_cap_mb", r"bucket_cap_mb=0\.01 gave 1 bucket\(s\), not more than")],
     "broken_ddp_forward_sync_buffers": [
         ("ddp.broadcast_buffers", r"broadcast_buffers=False: rank 1's buffer after init is 0, expected 1")
@@ -120,6 +126,8 @@ LIKELY_CAUSES = {
     "broken_gather_gathers_in_float32": "dtype changed",
     "broken_gather_reduces_own_slot": "each rank's own slot summed across ranks (the backward all-reduces only its",
     "broken_gather_drops_own_rows": "each rank's own rows are missing from its output",
+    "broken_gather_reduces_float64_in_float32": "reduced in float32: gradients match a float32 reduction of float64",
+    "broken_gather_reduces_float32_in_bfloat16": "reduced in bfloat16: gradients match a bfloat16 reduction of float32",
 }
 #: What upstream does not promise, as (check, world size) failures of the extended tier in worlds of 0 and 1.
 UPSTREAM_EXTENDED_FINDINGS = {

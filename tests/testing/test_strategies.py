@@ -41,6 +41,28 @@ def test_rank_tensors_are_integer_valued_and_sized_per_rank(data: st.DataObject)
         assert torch.equal(t, t.round())
 
 
+@given(data=st.data())
+def test_random_rank_tensors_have_full_mantissas_and_differ_per_rank(data: st.DataObject) -> None:
+    """values="random": float64 values none exact in float32, float32 ones not all exact in bfloat16, ranks differ."""
+    world_size = data.draw(st.integers(2, 4))
+    shape = data.draw(ds.shapes(min_rows=1))
+    wide = data.draw(ds.rank_tensors(world_size, shape, torch.float64, values="random"))
+    narrow = data.draw(ds.rank_tensors(world_size, shape, torch.float32, values="random"))
+    assert [t.shape for t in wide] == [torch.Size(shape)] * world_size
+    for t in wide:
+        assert t.dtype == torch.float64
+        assert not bool((t.float().double() == t).any())
+    assert not all(torch.equal(t.bfloat16().float(), t) for t in narrow)
+    assert not torch.equal(wide[0], wide[1])
+
+
+@given(data=st.data())
+def test_random_values_need_a_float_dtype(data: st.DataObject) -> None:
+    """values="random" with an integer dtype is a ValueError naming the dtype."""
+    with pytest.raises(ValueError, match=r"values=.random. needs a float dtype, got torch\.int64"):
+        data.draw(ds.rank_tensors(1, (2,), torch.int64, values="random"))
+
+
 def test_apply_layout_rejects_layout_that_does_not_apply() -> None:
     """channels_last on a 2-d tensor is a ValueError naming the layouts that apply."""
     with pytest.raises(ValueError, match=r"'channels_last' does not apply to a 2-d tensor"):

@@ -12,8 +12,9 @@ hypothesis in this (parent) process, runs a rank function of
 :mod:`nemo_dist.conformance.gather.ranks` on every rank of ``world`` and asserts
 on the per-rank results, so a failure shrinks to a minimal example. Hypothesis
 settings are the loaded profile's. Integer-valued data makes every sum exact,
-so results are compared bit for bit; the float-gradient check states its
-tolerance.
+so results are compared bit for bit; the precision check draws full-mantissa
+random values of every float dtype and holds the gradient to the bound of
+:mod:`~nemo_dist.conformance.gather.precision`.
 
 The target may be a dist_utils module or one callable (``--gather-fn``);
 checks of a module-only promise are not applicable to a callable. A failing
@@ -28,11 +29,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_dist.conformance.gather import diagnosis, ranks
 from nemo_dist.conformance.gather.oracle import expected_grads, upstream_for_loss
+from nemo_dist.conformance.gather.precision import exact_grads, reduction_bound, worst_error
 from nemo_dist.conformance.gather.properties import (
     LastFailure,
     assert_same,
@@ -198,47 +200,77 @@ def backward_with_non_contiguous_gradients(world: WorldLike, impl: Implementatio
     diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
 
 
-def _tolerance(upstream: Sequence[torch.Tensor], rows: Sequence[int], dtype: torch.dtype) -> list[torch.Tensor]:
-    """Elementwise bound ``W * eps(dtype) * sum_s |g_s|`` on the rounding error of a W-term sum."""
-    magnitudes = expected_grads([g.double().abs() for g in upstream], rows)
-    eps = torch.finfo(dtype).eps
-    return [len(upstream) * eps * m.double() + 1e-300 for m in magnitudes]
+def _assert_precision(
+    world: WorldLike,
+    last: LastFailure,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    inputs: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    results: Sequence[dict[str, Any]],
+) -> None:
+    """Forward bit-exact, x.grad within :func:`reduction_bound` of the exact sum, for one dtype's random example."""
+    outputs = [result["out"] for result in results]
+    got = [result["grad"] for result in results]
+    example = {"shape": shape, "dtype": dtype, "layout": "contiguous", "inputs": inputs, "grads": grads,
+               "grad_layout": "contiguous", "loss": "direct", "no_grad": False, "outputs": outputs, "got": got,
+               "part": "forward"}
+    with last.record(**example):
+        expected = torch.cat(inputs)
+        for r, out in enumerate(outputs):
+            assert_same(out, expected, f"rank {r}: gathered output of full-mantissa random {dtype} values")
+    example["part"] = "backward"
+    with last.record(**example):
+        rows = [shape[0]] * world.size
+        exact = exact_grads(grads, rows)
+        bounds = reduction_bound(grads, rows, dtype)
+        for r, grad in enumerate(got):
+            wanted = f"a {dtype} tensor of shape {tuple(exact[r].shape)}"
+            assert isinstance(grad, torch.Tensor), f"rank {r}: gradient {grad!r}, expected {wanted}"
+            assert grad.dtype == dtype, f"rank {r}: gradient of dtype {grad.dtype}, expected {wanted}"
+            assert grad.shape == exact[r].shape, f"rank {r}: gradient of shape {tuple(grad.shape)}, expected {wanted}"
+        if all(bool(((g.double() - e).abs() <= b).all()) for g, e, b in zip(got, exact, bounds, strict=True)):
+            return
+        r, error, bound = worst_error(got, exact, bounds)
+        raise AssertionError(
+            f"rank {r}: gradient of full-mantissa random {dtype} values off by more than the reduction bound "
+            f"W * eps * sum|g| (error {error:.2g}, bound {bound:.2g})\n"
+            f"got\n{got[r]}\nexact sum (float64)\n{exact[r]}\nerror\n{(got[r].double() - exact[r]).abs()}\n"
+            f"bound\n{bounds[r]}"
+        )
 
 
 @check("gather.float_grads_within_tolerance", tier="core", component="gather")
 def float_grads_within_tolerance(world: WorldLike, impl: Implementation) -> None:
-    """With non-integer upstream gradients, x.grad is the float64 sum within W * eps * sum|g| per element."""
+    """On full-mantissa random values of every float dtype, forward is bit-exact and x.grad within the reduction bound.
 
+    Each example draws a shape (1+ rows) and, for each of float32, float64,
+    float16 and bfloat16, random inputs and upstream gradients (``values=
+    "random"``); one step runs the four, so half the profile's examples (at
+    least 3) are run. x.grad must be the exact sum of the gradient rule within
+    :func:`~nemo_dist.conformance.gather.precision.reduction_bound` (``W * eps
+    * sum|g|`` per element), so a gather that reduces in a lower precision
+    fails, and its likely cause names it.
+    """
     last = LastFailure()
 
+    @settings(max_examples=max(3, settings().max_examples // 2))
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
-        shape, dtype = draw_shape_and_dtype(data, ds.float_dtypes())
-        inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
+        shape = data.draw(ds.shapes(min_rows=1), label="shape")
         out_shape = (world.size * shape[0], *shape[1:])
-        grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype, values="floats"), label="upstream grads")
-        example = {"shape": shape, "dtype": dtype, "layout": "contiguous", "inputs": inputs, "grads": grads,
-                   "grad_layout": "contiguous", "loss": "direct"}
-        with last.record(**example):
-            results = world.run(ranks.backward, impl, inputs, "contiguous", grads, "contiguous", "direct")
-            rows = [shape[0]] * world.size
-            exact = [e.double() for e in expected_grads([g.double() for g in grads], rows)]
-            bounds = _tolerance(grads, rows, dtype)
-            for r, result in enumerate(results):
-                got = result["grad"]
-                wanted = f"a {dtype} tensor of shape {tuple(exact[r].shape)}"
-                assert isinstance(got, torch.Tensor), f"rank {r}: gradient {got!r}, expected {wanted}"
-                assert got.dtype == dtype, f"rank {r}: gradient of dtype {got.dtype}, expected {wanted}"
-                assert got.shape == exact[r].shape, (
-                    f"rank {r}: gradient of shape {tuple(got.shape)}, expected {wanted}"
-                )
-                error = (got.double() - exact[r]).abs()
-                assert bool((error <= bounds[r]).all()), (
-                    f"rank {r}: gradient off by more than W * eps * sum|g| ({dtype})\n"
-                    f"got\n{got}\nfloat64 reference\n{exact[r]}\nerror\n{error}\nbound\n{bounds[r]}"
-                )
+        examples = []
+        for dtype in ds.FLOAT_DTYPES:
+            inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, values="random"), label=f"{dtype} inputs")
+            grads = data.draw(
+                ds.upstream_grads(world.size, out_shape, dtype, values="random"), label=f"{dtype} upstream grads"
+            )
+            examples.append((inputs, grads))
+        results = world.run(ranks.precision, impl, examples)
+        for d, (dtype, (inputs, grads)) in enumerate(zip(ds.FLOAT_DTYPES, examples, strict=True)):
+            _assert_precision(world, last, shape, dtype, inputs, grads, [per_rank[d] for per_rank in results])
 
-    diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
+    diagnosed(prop, last, lambda example: diagnosis.precision_cause(world, impl, example))
 
 
 def _assert_not_modified(

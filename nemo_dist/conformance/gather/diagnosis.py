@@ -13,7 +13,12 @@ A shrunk example says *that* the gather is wrong; the variants say *how*:
   IndexError) that follows the global rank names the mix-up;
 - for a forward failure, inputs whose rows name their rank, so the output
   tells which ranks are missing (each rank's own rows, or the same ones on
-  every rank), repeated or out of order, or that the dtype changed.
+  every rank), repeated or out of order, or that the dtype changed;
+- for a precision failure (full-mantissa random values), the output compared
+  with the inputs rounded through each lower precision, and upstream
+  gradients with one contributing rank per element (so every summation order
+  is exact): x.grad equal to those gradients rounded through a lower
+  precision names the precision the reduction ran in.
 
 Every function returns one line, or "" when the evidence names nothing. A
 variant that fails in another way (raises, hangs) counts as no evidence.
@@ -29,13 +34,16 @@ import torch
 from nemo_dist.conformance.deadlines import StepAborted, StepBroke
 from nemo_dist.conformance.gather import ranks as ranks
 from nemo_dist.conformance.gather.oracle import expected_grads, offsets, upstream_for_loss
+from nemo_dist.conformance.gather.precision import exact_grads, lower_precisions, reduction_bound, worst_error
 from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.conformance.target import Implementation
 
-__all__ = ["CAUSES", "backward_cause", "forward_cause", "group_cause"]
+__all__ = ["CAUSES", "backward_cause", "forward_cause", "group_cause", "precision_cause"]
 
-#: The causes this module can name (the first words of each line it returns).
+#: The causes this module can name (the first words of each line it returns; ``{via}`` and ``{dtype}``: dtype names).
 CAUSES = {
+    "reduced_in": "reduced in {via}: gradients match a {via} reduction of {dtype} values",
+    "gathered_in": "gathered in {via}: the output is the {dtype} inputs rounded to {via}",
     "own": "no cross-rank sum (each rank keeps only its own loss's gradient)",
     "own_slot_summed": (
         "each rank's own slot summed across ranks (the backward all-reduces only its own rows of the upstream "
@@ -268,3 +276,83 @@ def _row_sources(out: Any, inputs: Sequence[torch.Tensor]) -> list[int] | None:
             return None
         sources.append(match[0])
     return sources
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _one_contributor_grads(size: int, out_shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Full-mantissa upstream gradients where each element is nonzero on one rank only (element i on rank i % W).
+
+    Every order of summing them is exact, so a correct x.grad equals them bit
+    for bit, and a reduction in a lower precision returns them rounded to it.
+    """
+    values = torch.randn(out_shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
+    owner = torch.arange(values.numel()).reshape(out_shape) % size
+    return [torch.where(owner == s, values, torch.zeros_like(values)) for s in range(size)]
+
+
+def _gathered_in(example: dict[str, Any]) -> str:
+    """The lower precision whose rounding of the inputs every rank's output equals, as a cause; "" for none."""
+    dtype, outputs = example["dtype"], example.get("outputs") or []
+    expected = torch.cat(example["inputs"])
+    for via in lower_precisions(dtype):
+        rounded = expected.to(via).to(dtype)
+        if not ranks.same_bits(rounded, expected) and outputs and all(
+            isinstance(o, torch.Tensor) and ranks.same_bits(o, rounded) for o in outputs
+        ):
+            return CAUSES["gathered_in"].format(via=_name(via), dtype=_name(dtype))
+    return ""
+
+
+def _reduced_in(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:
+    """The lower precision the gradients were reduced in, as a cause with the error and bound; "" for none.
+
+    Named only when the one-contributor variant's x.grad is, bit for bit, its
+    gradients rounded to that precision on every rank, and the failing
+    example's error is within that precision's own reduction bound.
+    """
+    size, dtype, shape = world.size, example["dtype"], tuple(example["shape"])
+    candidates = lower_precisions(dtype)
+    if size < 2 or not candidates:
+        return ""
+    rows = [shape[0]] * size
+    out_shape = (size * shape[0], *shape[1:])
+    variant = _one_contributor_grads(size, out_shape, dtype)
+    got = _run_backward(world, impl, example["inputs"], "contiguous", variant, "contiguous", "direct", 0)
+    if got is None:
+        return ""
+    correct = expected_grads(variant, rows)  # exact: one term per element
+    grads, failing = example["grads"], example["got"]
+    exact = exact_grads(grads, rows)
+    for via in candidates:
+        rounded = [c.to(via).to(dtype) for c in correct]
+        if all(ranks.same_bits(c, r) for c, r in zip(correct, rounded, strict=True)):
+            continue  # the variant cannot tell this precision apart
+        if not all(isinstance(g, torch.Tensor) and ranks.same_bits(g, r) for g, r in zip(got, rounded, strict=True)):
+            continue
+        lower_bound = reduction_bound(grads, rows, via)
+        if not all(
+            isinstance(g, torch.Tensor) and bool(((g.double() - e).abs() <= b).all())
+            for g, e, b in zip(failing, exact, lower_bound, strict=True)
+        ):
+            continue
+        _, error, bound = worst_error(failing, exact, reduction_bound(grads, rows, dtype))
+        line = CAUSES["reduced_in"].format(via=_name(via), dtype=_name(dtype))
+        return f"{line} (error {error:.2g}, bound {bound:.2g})"
+    return ""
+
+
+def precision_cause(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:
+    """The likely cause of a failing precision example (keys: shape, dtype, inputs, grads, outputs, got, part).
+
+    ``part`` is "forward" or "backward". A forward that returns its inputs
+    rounded through a lower precision is "gathered in" it; a backward whose
+    gradients were rounded through one is "reduced in" it, with the failing
+    example's worst error and its bound. Otherwise the causes of
+    :func:`forward_cause` or :func:`backward_cause`.
+    """
+    if example["part"] == "forward":
+        return _gathered_in(example) or forward_cause(world, impl, example)
+    return _reduced_in(world, impl, example) or backward_cause(world, impl, example)

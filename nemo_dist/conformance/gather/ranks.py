@@ -30,6 +30,7 @@ __all__ = [
     "forward",
     "grouped",
     "output_form",
+    "precision",
     "raises",
     "same_bits",
     "uneven",
@@ -159,6 +160,23 @@ def backward(
         "grad_intact": same_bits(g, g_before),
         "out_grad": None if out.is_leaf else _cpu(out.grad),
     }
+
+
+def precision(
+    impl: Implementation, examples: Sequence[tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]]
+) -> list[dict[str, Any]]:
+    """For each ``(inputs, grads)`` of ``examples`` (one per dtype): gather with grad, run ``out.backward(g)``.
+
+    Returns, per example, the output (as the concatenation) and ``x.grad``:
+    several dtypes in one step, so the precision check costs one step an example.
+    """
+    results = []
+    for inputs, grads in examples:
+        x = _input(inputs[_rank()], "contiguous", True)
+        out = target(impl).gather(x)
+        out.backward(grads[_rank()].to(_device()))
+        results.append({"out": _cpu(out), "grad": _cpu(x.grad)})
+    return results
 
 
 def autograd_function(

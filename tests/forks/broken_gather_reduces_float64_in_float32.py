@@ -1,0 +1,48 @@
+"""Broken gather fork: backward reduces float64 gradients in float32 (cast, all-reduce, cast back).
+
+A pattern of public code that halves the traffic of the reduction, or works
+around a backend without float64. Otherwise ``upstream_style_gather``: the
+forward is exact and every integer-valued gradient survives the round trip,
+so only full-mantissa float64 values show the lost precision. The
+conformance suite must fail it on the core tier, and name the cause: reduced
+in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tests.forks.upstream_style_gather import _active, all_gather_no_grad
+
+__all__ = ["all_gather_no_grad", "all_gather_with_grad"]
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """All-gather on dim 0; backward all-reduces the gradients (float64 ones in float32) and keeps this rank's rows."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return tuple(parts)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
+        stacked = torch.stack([g.contiguous() for g in grads])
+        if stacked.dtype == torch.float64:
+            reduced = stacked.float()  # BUG: 53 mantissa bits cut to 24 before the sum
+            dist.all_reduce(reduced)
+            stacked = reduced.double()
+        else:
+            dist.all_reduce(stacked)
+        return stacked[dist.get_rank()]
+
+
+def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Gather ``x`` across ranks on dim 0 while preserving autograd."""
+    if not _active():
+        return x
+    return torch.cat(_AllGatherWithGrad.apply(x), dim=0)
