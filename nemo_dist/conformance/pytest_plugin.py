@@ -8,7 +8,9 @@ registry's :func:`~nemo_dist.conformance.registry.cases`, as the command runs
 them). Options: ``--conformance-gather/-ddp/-config MODULE`` (naming any
 checks only those components; naming none checks the bundled ones),
 ``--conformance-gather-fn MODULE:NAME`` (one all-gather callable, with
-``--conformance-no-grad-fn`` and ``--conformance-gather-form``),
+``--conformance-no-grad-fn``, ``--conformance-gather-form``, and how to call
+it: ``--conformance-gather-kwarg NAME=VALUE``, repeatable, and
+``--conformance-gather-output INDEX``),
 ``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
 ``--conformance-max-examples`` and ``--conformance-backend`` (gloo, nccl).
 
@@ -60,6 +62,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--conformance-gather-form", default="auto", help="output form of the callable: auto, cat, tuple, stacked"
     )
+    group.addoption(
+        "--conformance-gather-kwarg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword passed on every call of the callable, VALUE a Python literal (dim=0); repeatable",
+    )
+    group.addoption(
+        "--conformance-gather-output",
+        metavar="INDEX",
+        help="the index of the gathered value in the callable's tuple or list return (0 for (gathered, sizes))",
+    )
     group.addoption("--conformance-preset", metavar="NAME", help="named module layout (nemo_dist, nemo_automodel)")
     group.addoption("--conformance-tier", default="all", help="core, extended or all (default all)")
     group.addoption(
@@ -90,6 +104,8 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             gather_fn=config.getoption("--conformance-gather-fn"),
             no_grad_fn=config.getoption("--conformance-no-grad-fn"),
             gather_form=config.getoption("--conformance-gather-form"),
+            gather_kwargs=config.getoption("--conformance-gather-kwarg"),
+            gather_output=config.getoption("--conformance-gather-output"),
         )
         validate_implementation(impl)
     except OptionError as exc:

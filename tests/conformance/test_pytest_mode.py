@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conformance._cli import ROOT, clean_env
 
 
@@ -47,3 +49,35 @@ def test_a_forks_deprecation_warning_is_a_summary_note_not_a_failure() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
     assert "DeprecationWarning: DDPManager is deprecated" in result.stdout
+
+
+def test_gather_call_options_make_a_sized_gather_checkable_under_pytest() -> None:
+    """--conformance-gather-kwarg dim=0 and --conformance-gather-output 0 call gather_with_sizes as the command does."""
+    result = _pytest_conformance(
+        "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes",
+        "--conformance-gather-kwarg", "dim=0", "--conformance-gather-output", "0",
+        "--conformance-tier", "core", "-k", "forward_matches_cat or backward_sums",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "--conformance-gather-fn tests.forks.gallery_gather_with_sizes:gather_with_sizes has required "
+             "keyword-only parameter 'dim' that no option fills; pass it on every call with "
+             "--conformance-gather-kwarg dim=VALUE"),
+        (("--conformance-gather-kwarg", "dim=zero"), "--conformance-gather-kwarg 'dim=zero': 'zero' is not a Python"),
+        (("--conformance-gather-kwarg", "dim=0", "--conformance-gather-output", "-1"),
+         "--conformance-gather-output expects the index (>= 0)"),
+    ],
+    ids=["missing-dim", "not-a-literal", "negative-output"],
+)
+def test_bad_gather_call_options_are_pytest_usage_errors(args: tuple[str, ...], message: str) -> None:
+    """A required parameter left unfilled, or a bad kwarg or index, stops pytest with a usage error naming it."""
+    result = _pytest_conformance(
+        "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes", *args
+    )
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert message in result.stderr
