@@ -36,9 +36,15 @@ def is_function_class(found: Any) -> bool:
 def parameters_after_x(found: Any) -> tuple[inspect.Parameter, ...] | None:
     """The parameters of ``found`` after ``x`` (after ``ctx, x`` for an autograd Function's ``forward``).
 
+    A Function that defines ``setup_context`` has no ``ctx`` in ``forward``.
     None when the signature cannot be read (a builtin, say).
     """
-    fn, skip = (found.forward, 2) if is_function_class(found) else (found, 1)
+    import torch
+
+    fn, skip = found, 1
+    if is_function_class(found):
+        fn = found.forward
+        skip = 1 if found.setup_context is not torch.autograd.Function.setup_context else 2
     try:
         parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

@@ -80,6 +80,28 @@ def test_values_reach_an_autograd_function_by_position_and_a_function_by_keyword
     assert arguments(with_sizes, {"dim": 0}, function_class=False) == ([], {"dim": 0})
 
 
+class _SetupContextStyle(torch.autograd.Function):
+    """A Function with ``setup_context``: its ``forward`` has no ``ctx``."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, dim: int) -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        return None
+
+
+def test_parameters_after_x_skip_ctx_only_where_forward_has_it() -> None:
+    """forward(ctx, x, dim, group=None) and a setup_context-style forward(x, dim) both ask for dim first."""
+    old_style = parameters_after_x(fork.AllGatherOnDim)
+    new_style = parameters_after_x(_SetupContextStyle)
+    assert old_style is not None
+    assert new_style is not None
+    assert [p.name for p in old_style] == ["dim", "group"]
+    assert [p.name for p in new_style] == ["dim"]
+
+
 def test_missing_parameters_are_read_from_both_type_error_wordings() -> None:
     """Python's "missing 1 required keyword-only argument: 'dim'" and autograd apply's wording both name dim."""
     with pytest.raises(TypeError) as python:
