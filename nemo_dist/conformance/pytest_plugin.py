@@ -185,10 +185,25 @@ def check_holds(
         except Exception as exc:
             if is_not_supported(exc):
                 pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
-            cause = getattr(exc, "likely_cause", "")
+            cause = getattr(exc, "likely_cause", "") or _missing_parameter_cause(case.impl, exc)
             if cause:
                 _add_note(exc, f"Likely cause: {cause}")
             raise
+
+
+def _missing_parameter_cause(impl: Implementation | None, exc: BaseException) -> str:
+    """For a callable whose hidden signature lacked a parameter in the call: which, and the option to fill it."""
+    from nemo_dist.conformance.signature import missing_in_text
+
+    if impl is None or impl.gather_fn is None:
+        return ""
+    names = missing_in_text(str(exc))
+    if not names:
+        return ""
+    return (
+        f"{impl.gather_fn} was called without its required parameter {names[0]!r}; pass it on every call "
+        f"with {option_name('gather_kwarg')} {names[0]}=VALUE"
+    )
 
 
 def _add_note(exc: BaseException, note: str) -> None:

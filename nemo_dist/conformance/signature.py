@@ -16,7 +16,15 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-__all__ = ["arguments", "is_function_class", "missing_in", "not_taken", "parameters_after_x", "unfilled"]
+__all__ = [
+    "arguments",
+    "is_function_class",
+    "missing_in",
+    "missing_in_text",
+    "not_taken",
+    "parameters_after_x",
+    "unfilled",
+]
 
 _P = inspect.Parameter
 _POSITIONAL = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
@@ -104,3 +112,13 @@ def missing_in(exc: BaseException) -> tuple[str, ...]:
         return ()
     found = _MISSING.search(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
     return tuple(re.findall(r"'(\w+)'", found.group(1))) if found else ()
+
+
+def missing_in_text(text: str) -> tuple[str, ...]:
+    """The parameters the first "TypeError: ... missing required argument" line of ``text`` names (a rank report)."""
+    for line in text.splitlines():
+        _, sep, message = line.partition("TypeError: ")
+        names = missing_in(TypeError(message)) if sep else ()
+        if names:
+            return names
+    return ()

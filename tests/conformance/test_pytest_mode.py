@@ -81,3 +81,14 @@ def test_bad_gather_call_options_are_pytest_usage_errors(args: tuple[str, ...], 
     )
     assert result.returncode == 4, result.stdout + result.stderr
     assert message in result.stderr
+
+
+def test_a_hidden_missing_parameter_fails_with_the_option_to_fill_it() -> None:
+    """Behind a decorator hiding dim, each failing test names the parameter and --conformance-gather-kwarg."""
+    result = _pytest_conformance(
+        "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:timed_gather_with_sizes",
+        "-k", "forward_matches_cat",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Likely cause: tests.forks.gallery_gather_with_sizes:timed_gather_with_sizes was called without its " \
+        "required parameter 'dim'; pass it on every call with --conformance-gather-kwarg dim=VALUE" in result.stdout
