@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from nemo_dist.conformance import load_checks
+from nemo_dist.conformance.deadlines import FLOOR_S
 from nemo_dist.conformance.registry import TIERS, select_checks
 from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_checks
@@ -112,8 +113,17 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout",
         metavar="SECONDS",
         default="120",
-        help="cap of the per-step deadline: a step may take 10 x the slowest passing step so far, at least "
-        "10 s, at most this many seconds, before its ranks are reported hung (default %(default)s)",
+        help="the most one step may take: its deadline is 10 x the slowest passing step so far, at least "
+        "--min-deadline, and past it a step whose ranks are still working gets time up to this many seconds "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--min-deadline",
+        metavar="SECONDS",
+        default=str(FLOOR_S).removesuffix(".0"),
+        help="the least per-step deadline (default %(default)s; at most --timeout). A step past its deadline "
+        "is reported hung once every unfinished rank is blocked in a collective or a receive; while one is "
+        "still working (importing, compiling, computing) it gets time up to --timeout",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
     return p
@@ -139,6 +149,15 @@ def _timeout(text: str) -> float:
         return options.parse_seconds(text)
     except options.BadOptionValue:
         raise UsageError(f"--timeout expects a number of seconds > 0, such as --timeout 120; got {text!r}") from None
+
+
+def _min_deadline(text: str) -> float:
+    try:
+        return options.parse_seconds(text)
+    except options.BadOptionValue:
+        raise UsageError(
+            f"--min-deadline expects a number of seconds > 0, such as --min-deadline 30; got {text!r}"
+        ) from None
 
 
 def fitting_world_sizes(sizes: Sequence[int], gpus_visible: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -293,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main_torchrun(args)
     try:
         impl, components, sizes, max_examples, timeout, size_notes = _options(args)
+        min_deadline = _min_deadline(args.min_deadline)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -313,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tier=args.tier,
             max_examples=max_examples,
             timeout=timeout,
+            min_deadline=min_deadline,
             on_verdict=_progress(args),
             components=components,
         )

@@ -2,9 +2,14 @@
 
 A healthy conformance step (one ``world.run``) takes milliseconds. A
 :class:`DeadlineWorld` gives each step a deadline of ``FACTOR`` times the
-slowest step that passed so far in the run, never less than ``FLOOR_S`` and
-never more than the cap (``--timeout``). A step that passes its deadline
-raises :class:`StepHung`, a ``BaseException``: hypothesis does not catch it,
+slowest step that passed within its deadline so far in the run, never less
+than the floor (``FLOOR_S``, ``--min-deadline``) and never more than the cap
+(``--timeout``). A step is slow rather than stuck while one of its unfinished
+ranks is still working (importing, compiling bytecode, computing: see
+:mod:`nemo_dist.testing.progress`); it then gets time up to the cap, and its
+time is not taken as the measure of a step. A step whose unfinished ranks are
+all blocked past its deadline (or that is still running at the cap) raises
+:class:`StepHung`, a ``BaseException``: hypothesis does not catch it,
 so a hung example is reported at once instead of being re-run (each re-run
 would wait the deadline again) while shrinking. Likewise a step whose
 failure left ranks stuck or dead raises :class:`StepBroke` (each re-run
@@ -37,7 +42,7 @@ __all__ = [
 
 #: A step may take this many times the slowest passing step so far...
 FACTOR = 10.0
-#: ...but always at least this many seconds (imports, a loaded machine).
+#: ...but always at least this many seconds (``--min-deadline``).
 FLOOR_S = 10.0
 
 _SHOWN_ELEMENTS = 24
@@ -169,18 +174,33 @@ class DeadlineWorld:
         return str(self._world.backend)
 
     def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn`` on every rank within the current deadline; raise :class:`StepHung` past it."""
+        """Run ``fn`` on every rank; raise :class:`StepHung` when its ranks are stuck past the current deadline.
+
+        Past the deadline a step whose unfinished ranks are still working
+        (importing, compiling, computing on a busy machine) gets more time, up
+        to the cap; it is hung once every unfinished rank is blocked (waiting
+        in a collective or a receive with an unchanged stack), or at the cap.
+        """
         deadline = self.deadlines.current()
         start = time.perf_counter()
         try:
-            results: list[Any] = self._world.run_with_deadline(deadline, fn, *args, **kwargs)
+            patient = getattr(self._world, "run_patiently", None)
+            if callable(patient):
+                results: list[Any] = patient(deadline, self.deadlines.cap_s, fn, *args, **kwargs)
+            else:
+                results = self._world.run_with_deadline(deadline, fn, *args, **kwargs)
         except WorldTimeout as exc:
-            raise StepHung(exc, describe_call(fn, args, kwargs), self.deadlines.explain(deadline)) from None
+            note = self.deadlines.explain(deadline)
+            if getattr(exc, "reason", ""):
+                note = f"{note}; {exc.reason}"
+            raise StepHung(exc, describe_call(fn, args, kwargs), note) from None
         except RankFailure as exc:
             if left_ranks_broken(exc):
                 raise StepBroke(exc, describe_call(fn, args, kwargs)) from None
             raise
-        self.deadlines.passed(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if elapsed <= deadline:  # a step let run past its deadline because it was working says nothing of the next
+            self.deadlines.passed(elapsed)
         return results
 
     def warm_up(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:

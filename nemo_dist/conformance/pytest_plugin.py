@@ -12,12 +12,14 @@ checks only those components; naming none checks the bundled ones),
 it: ``--conformance-gather-kwarg NAME=VALUE``, repeatable, and
 ``--conformance-gather-output INDEX``),
 ``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
-``--conformance-max-examples`` and ``--conformance-backend`` (gloo, nccl).
+``--conformance-max-examples``, ``--conformance-backend`` (gloo, nccl) and
+``--conformance-min-deadline``.
 
 A check the implementation does not support, or that does not apply to what
 it did, is skipped with the reason; a failure shows hypothesis's shrunk
-example and the likely cause; a step past its adaptive deadline fails as a
-hang at once. Warnings raised inside a check are listed in pytest's warnings
+example and the likely cause; a step whose ranks are blocked past its adaptive
+deadline fails as a hang at once (one still working gets time up to
+``--dist-timeout``). Warnings raised inside a check are listed in pytest's warnings
 summary, never failures (a fork's DeprecationWarning, say).
 """
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from nemo_dist.conformance.target import Implementation
     from nemo_dist.testing.plugin import WorldFactory
 
-__all__ = ["check_holds", "implementation", "option_name"]
+__all__ = ["check_holds", "implementation", "min_deadline", "option_name"]
 
 
 def option_name(field: str) -> str:
@@ -84,6 +86,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="hypothesis examples per check (default: the active hypothesis profile's)",
     )
     group.addoption("--conformance-backend", default="gloo", help="gloo or nccl (default gloo)")
+    group.addoption(
+        "--conformance-min-deadline",
+        metavar="SECONDS",
+        default=None,
+        help="the least per-step deadline (default 10; at most --dist-timeout); a step past it whose ranks are "
+        "still working gets time up to --dist-timeout",
+    )
 
 
 def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ...]]:
@@ -122,6 +131,24 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--conformance-backend") not in ("gloo", "nccl"):
         raise pytest.UsageError("--conformance-backend expects gloo or nccl")
     implementation(config)
+    min_deadline(config)
+
+
+def min_deadline(config: pytest.Config) -> float:
+    """The least per-step deadline ``--conformance-min-deadline`` sets (default ``FLOOR_S``), in seconds."""
+    from nemo_dist.conformance.deadlines import FLOOR_S
+    from nemo_dist.testing.options import BadOptionValue, parse_seconds
+
+    text = config.getoption("--conformance-min-deadline")
+    if text is None:
+        return FLOOR_S
+    try:
+        return parse_seconds(text)
+    except BadOptionValue:
+        raise pytest.UsageError(
+            f"--conformance-min-deadline expects a number of seconds > 0, such as "
+            f"--conformance-min-deadline=30; got {text!r}"
+        ) from None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -155,7 +182,7 @@ def conformance_deadlines(pytestconfig: pytest.Config) -> Deadlines:
     from nemo_dist.conformance.deadlines import Deadlines
     from nemo_dist.testing.plugin import world_timeout
 
-    return Deadlines(world_timeout(pytestconfig))
+    return Deadlines(world_timeout(pytestconfig), min_deadline(pytestconfig))
 
 
 def check_holds(

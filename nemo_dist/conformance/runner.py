@@ -25,13 +25,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from nemo_dist.conformance.deadlines import Deadlines, DeadlineWorld, StepAborted, warm_up
+from nemo_dist.conformance.deadlines import FLOOR_S, Deadlines, DeadlineWorld, StepAborted, warm_up
 from nemo_dist.conformance.profile import hypothesis_settings
 from nemo_dist.conformance.registry import SUITES, Case, Check, WorldLike, cases
 from nemo_dist.conformance.target import Implementation, OptionError, checked_components, import_components
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict, classify
 
 __all__ = ["run_case", "run_check", "run_checks", "run_checks_in", "run_worldless"]
+
+#: Seconds a world's ranks get to start at the least (import torch, join, warm up).
+_STARTUP_S = 120.0
 
 
 def _warning_texts(caught: Sequence[warnings.WarningMessage]) -> tuple[str, ...]:
@@ -160,6 +163,7 @@ def run_checks(
     tier: str = "all",
     max_examples: int | None = 10,
     timeout: float = 120.0,
+    min_deadline: float = FLOOR_S,
     worlds: Callable[[int], WorldLike] | None = None,
     on_verdict: Callable[[Verdict], None] | None = None,
     components: Sequence[str] | None = None,
@@ -172,7 +176,9 @@ def run_checks(
     their first DDP there when ddp checks are selected), or
     ``worlds(size)`` when given (the caller then owns and closes it). Steps of a World run
     under adaptive deadlines capped by ``timeout`` (see
-    :mod:`~nemo_dist.conformance.deadlines`). Hypothesis runs with
+    :mod:`~nemo_dist.conformance.deadlines`), at least ``min_deadline``
+    seconds each (``--min-deadline``); a step past its deadline whose ranks
+    are still working gets time up to ``timeout``. Hypothesis runs with
     ``max_examples`` and no database (see :func:`hypothesis_settings`).
     ``on_verdict`` is called after each check (progress output);
     ``components`` (default: those ``impl`` names) is recorded in the report.
@@ -184,14 +190,19 @@ def run_checks(
     start = time.perf_counter()
     verdicts: list[Verdict] = []
     notes: list[str] = []
-    deadlines = Deadlines(timeout)
+    deadlines = Deadlines(timeout, min_deadline)
     with hypothesis_settings(max_examples), contextlib.ExitStack() as owned:
         run_worldless(checks, impl, verdicts, on_verdict)
         if worlds is None:
             from nemo_dist.testing import World
 
             setup = _world_setup(checks)
-            made = [owned.enter_context(World(size, backend, timeout, setup=setup)) for size in world_sizes]
+            # A cold start on a loaded machine (bytecode compiled afresh by every rank) can take minutes.
+            startup = max(_STARTUP_S, 3 * timeout)
+            made = [
+                owned.enter_context(World(size, backend, timeout, setup=setup, startup_timeout=startup))
+                for size in world_sizes
+            ]
         for index, size in enumerate(world_sizes):
             if worlds is not None:
                 run_checks_in(checks, worlds(size), impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)

@@ -66,15 +66,18 @@ class WorldTimeout(WorldError, TimeoutError):
         stacks: dict[int, str],
         world_size: int | None = None,
         context: str = "",
+        reason: str = "",
     ) -> None:
         self.deadline_s = deadline_s
         self.stacks = dict(sorted(stacks.items()))
         self.world_size = world_size
         self.context = context
+        self.reason = reason
         size = f" of {world_size}" if world_size is not None else ""
+        why = f" ({reason})" if reason else ""
         head = (
             f"rank {_ranks_text(list(self.stacks))}{size} did not finish within "
-            f"{deadline_s:g} s{context}; stacks of the unfinished ranks follow"
+            f"{deadline_s:g} s{context}{why}; stacks of the unfinished ranks follow"
         )
         body = "\n\n".join(f"--- rank {rank} stack ---\n{text.rstrip()}" for rank, text in self.stacks.items())
         super().__init__(f"{head}\n\n{body}")
@@ -82,7 +85,7 @@ class WorldTimeout(WorldError, TimeoutError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             type(self),
-            (self.deadline_s, self.stacks, self.world_size, self.context),
+            (self.deadline_s, self.stacks, self.world_size, self.context, self.reason),
         )
 
 

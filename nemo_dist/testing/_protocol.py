@@ -32,6 +32,8 @@ class Init:
     stack_file: str
     #: Pickled ``(fn, args, kwargs)`` every rank runs once after joining, before it reports ready; or None.
     setup: bytes | None = None
+    #: File a stack dump is appended to on each SIGUSR1 (progress probes), or "" for none.
+    sample_file: str = ""
 
 
 @dataclass(frozen=True)

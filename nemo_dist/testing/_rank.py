@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent(init.parent_pid)
     stack_file: IO[str] = open(init.stack_file, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGTERM, file=stack_file, all_threads=True, chain=True)
+    if init.sample_file:
+        # Progress probes: the parent asks for a dump while a call outlives its
+        # deadline, to tell a blocked rank from a busy one (see progress.py).
+        sample_file: IO[str] = open(init.sample_file, "a")  # noqa: SIM115 - lives as long as the process
+        faulthandler.register(signal.SIGUSR1, file=sample_file, all_threads=True, chain=False)
     _set_path(init.sys_path)
     try:
         _join(init)

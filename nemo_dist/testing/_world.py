@@ -20,6 +20,7 @@ import pickle
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from nemo_dist.testing._errors import (
     WorldTimeout,
 )
 from nemo_dist.testing.calls import STARTUP_SEQ, describe, gather, pickle_call, warning_category
+from nemo_dist.testing.progress import ProgressWatch
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -174,6 +176,28 @@ class World:
         self.start()
         return self._call(blob, float(deadline_s), describe(fn))
 
+    def run_patiently(
+        self, deadline_s: float, limit_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """Like :meth:`run_with_deadline`, but a call that is slow rather than stuck gets time, up to ``limit_s``.
+
+        Past ``deadline_s`` the unfinished ranks are probed every second
+        (:class:`~nemo_dist.testing.progress.ProgressWatch`): the call goes on
+        while any of them is working (running, its stack changing, using CPU:
+        importing, compiling, computing) and ends in WorldTimeout when every
+        one of them is blocked (asleep with the same stack and no CPU time over
+        a probe interval: waiting in a collective or a receive), or at
+        ``limit_s`` seconds. The timeout's ``reason`` says which.
+        """
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
+        if not limit_s >= deadline_s:
+            raise ValueError(f"limit_s must be >= deadline_s ({deadline_s!r} s), got {limit_s!r}")
+        self._check_open()
+        blob = pickle_call(fn, args, kwargs)
+        self.start()
+        return self._call(blob, float(deadline_s), describe(fn), limit_s=float(limit_s))
+
     def close(self) -> None:
         """Stop the ranks and free every resource; idempotent.
 
@@ -250,6 +274,7 @@ class World:
                 parent_pid=os.getpid(),
                 stack_file=str(handle.stack_path),
                 setup=self._setup,
+                sample_file=str(handle.sample_path or ""),
             )
         )
         return handle
@@ -284,7 +309,7 @@ class World:
         self._shutdown(graceful=False)
 
     # ------------------------------------------------------------------- calls
-    def _call(self, blob: bytes, deadline_s: float, name: str) -> list[Any]:
+    def _call(self, blob: bytes, deadline_s: float, name: str, *, limit_s: float | None = None) -> list[Any]:
         self._seq += 1
         seq = self._seq
         path: list[str] | None = None
@@ -294,15 +319,24 @@ class World:
         for r in self._ranks:
             with contextlib.suppress(OSError):  # a dead rank is reported by _gather
                 r.conn.send_bytes(msg)
+        watch = None if limit_s is None else ProgressWatch(self._ranks)
+        started = time.monotonic()
         try:
-            replies, deaths, pending, timed_out = self._gather(seq, deadline_s)
+            replies, deaths, pending, timed_out = gather(
+                self._ranks, seq, deadline_s, self._grace, watch=watch, limit_s=limit_s
+            )
         except BaseException:  # interrupted (KeyboardInterrupt...): ranks are mid-call
             self._replace()
             raise
         if timed_out:
+            waited = time.monotonic() - started
             stacks = self._dump(pending)
             self._replace()
-            raise WorldTimeout(deadline_s, stacks, self._size, f" running {name}")
+            reason = ""
+            if watch is not None:
+                ended = watch.verdict or f"still working at the {limit_s:g} s limit"
+                reason = f"{ended}; waited {waited:.1f} s in all"
+            raise WorldTimeout(deadline_s, stacks, self._size, f" running {name}", reason)
         if not deaths and not pending and all(isinstance(m, _protocol.Returned) for m in replies.values()):
             self._reemit_warnings([replies[r] for r in range(self._size)])
             return [replies[r].value for r in range(self._size)]

@@ -16,6 +16,7 @@ from typing import Any
 
 from nemo_dist.testing import _protocol, processes
 from nemo_dist.testing._errors import FunctionNotPicklable
+from nemo_dist.testing.progress import ProgressWatch
 
 __all__ = ["STARTUP_SEQ", "describe", "gather", "pickle_call", "receive", "warning_category"]
 
@@ -72,16 +73,27 @@ def pickle_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 
 
 def gather(
-    ranks: list[processes.RankProcess], seq: int, deadline_s: float, grace_s: float
+    ranks: list[processes.RankProcess],
+    seq: int,
+    deadline_s: float,
+    grace_s: float,
+    *,
+    watch: ProgressWatch | None = None,
+    limit_s: float | None = None,
 ) -> tuple[dict[int, Any], dict[int, str], set[int], bool]:
     """Collect one answer per rank for call ``seq``.
 
     Returns ``(replies, deaths, pending, timed_out)``: the answers by rank,
     the ranks that died with their exit description, the ranks that did not
     answer, and whether the deadline (rather than the ``grace_s`` seconds the
-    others get after a first failure) ended the wait.
+    others get after a first failure) ended the wait. With a ``watch``, the
+    deadline is extended one probe interval at a time while the unfinished
+    ranks are still working (:meth:`ProgressWatch.still_working`), up to
+    ``limit_s`` seconds in all.
     """
-    end = time.monotonic() + deadline_s
+    start = time.monotonic()
+    end = start + deadline_s
+    hard_end = start + max(deadline_s, limit_s if limit_s is not None else deadline_s)
     grace_end: float | None = None
     pending = set(range(len(ranks)))
     replies: dict[int, Any] = {}
@@ -92,8 +104,12 @@ def gather(
             owner[s] = r.rank
     while pending:
         limit = end if grace_end is None else min(end, grace_end)
-        remaining = limit - time.monotonic()
+        now = time.monotonic()
+        remaining = limit - now
         if remaining <= 0:
+            if grace_end is None and watch is not None and now < hard_end and watch.still_working(pending):
+                end = min(now + watch.interval_s, hard_end)
+                continue
             break
         ready = wait([s for s, r in owner.items() if r in pending], remaining)
         for s in ready:

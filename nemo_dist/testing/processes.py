@@ -73,6 +73,8 @@ class RankProcess:
     pidfd: int | None
     stderr_path: Path
     stack_path: Path
+    #: Where the rank appends a stack dump each time it gets SIGUSR1 (see :mod:`.progress`).
+    sample_path: Path | None = field(default=None)
     exit_text: str | None = field(default=None)
     #: True once the process outlived SIGKILL and was left running (never waited for again).
     left_running: bool = field(default=False)
@@ -119,7 +121,7 @@ def exit_text(returncode: int) -> str:
 
 
 def spawn_rank(rank: int, world_size: int, store_port: int, tmpdir: Path) -> RankProcess:
-    """Start the process of ``rank`` with its stderr and stack files in ``tmpdir``.
+    """Start the process of ``rank`` with its stderr, stack and sample files in ``tmpdir``.
 
     The process waits for its :class:`~._protocol.Init` on the returned
     handle's ``conn``; the caller sends it.
@@ -157,7 +159,8 @@ def spawn_rank(rank: int, world_size: int, store_port: int, tmpdir: Path) -> Ran
     finally:
         theirs.close()
     conn = Connection(ours.detach())
-    return RankProcess(rank, proc, conn, open_pidfd(proc.pid), stderr_path, stack_path)
+    sample_path = tmpdir / f"rank{rank}.sample"
+    return RankProcess(rank, proc, conn, open_pidfd(proc.pid), stderr_path, stack_path, sample_path)
 
 
 def wait_exit(ranks: list[RankProcess], timeout: float) -> None:

@@ -102,10 +102,11 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
         (["--tier", "nightly"], "--tier expects one of core, extended, all"),
         (["--backend", "mpi"], "--backend expects gloo or nccl"),
         (["--timeout", "0"], "--timeout expects a number of seconds > 0"),
+        (["--min-deadline", "soon"], "--min-deadline expects a number of seconds > 0, such as --min-deadline 30"),
     ],
     ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
          "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
-         "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout"],
+         "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

@@ -39,6 +39,13 @@ def test_unimportable_module_is_a_pytest_usage_error() -> None:
     assert "--conformance-ddp module 'tests.forks.no_such_fork' does not import" in result.stderr
 
 
+def test_bad_min_deadline_is_a_pytest_usage_error() -> None:
+    """--conformance-min-deadline takes seconds; anything else stops pytest naming the option and an example."""
+    result = _pytest_conformance("--conformance-min-deadline", "soon")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "--conformance-min-deadline expects a number of seconds > 0" in result.stderr
+
+
 def test_a_forks_deprecation_warning_is_a_summary_note_not_a_failure() -> None:
     """The upstream-faithful DDPManager warns that it is deprecated: the tests pass and the warning is listed."""
     result = _pytest_conformance(

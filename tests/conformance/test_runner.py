@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Report, run_checks
-from nemo_dist.conformance.deadlines import Deadlines
+from nemo_dist.conformance.deadlines import Deadlines, DeadlineWorld, StepHung
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
@@ -89,11 +91,15 @@ def test_core_failure_makes_the_exit_code_one(report: Report) -> None:
 
 def test_a_hung_check_is_a_hang_verdict_with_the_stacks_and_the_next_check_runs() -> None:
     """A check whose ranks hang gets HANG with the hung call and each rank's stack; the next check runs."""
-    with World(2, timeout=5.0) as world:
-        report = run_checks([fake.HANGING, fake.PASSING], REFERENCE, (2,), timeout=3.0, worlds=lambda size: world)
+    # A 1 s floor keeps the hang short; the 60 s cap leaves a slow (busy machine) step time to finish.
+    with World(2, timeout=60.0) as world:
+        report = run_checks(
+            [fake.HANGING, fake.PASSING], REFERENCE, (2,), timeout=60.0, min_deadline=1.0, worlds=lambda size: world
+        )
     hung, after = report.verdicts
     assert hung.outcome == "hang"
-    assert hung.message.startswith("deadline 3 s: 10 x the slowest passing step so far")
+    assert hung.message.startswith("deadline 1 s: 10 x the slowest passing step so far")
+    assert "rank 0 blocked: the same stack and no CPU time" in hung.message
     assert "rank 0 of 2 did not finish" in hung.message
     assert "in barrier" in hung.message
     assert hung.example == "Hung step: tests.conformance._fake_checks._rank_zero_waits_alone()"
@@ -142,6 +148,35 @@ def test_step_deadline_is_ten_times_the_slowest_passing_step_within_floor_and_ca
     deadlines.passed(60.0)
     assert deadlines.current() == 120
     assert Deadlines(cap_s=4).current() == 4
+
+
+def test_a_step_still_working_past_its_deadline_passes_and_leaves_the_deadline_alone(
+    world_factory: WorldFactory,
+) -> None:
+    """A rank computing 3 CPU s past a 1 s deadline is slow, not hung: the step returns and is not the new measure."""
+    from tests.testing import rank_fns
+
+    deadlines = Deadlines(cap_s=60, floor_s=1)
+    world = DeadlineWorld(world_factory(2), deadlines)
+    assert world.run(rank_fns.wait_for_busy_rank, 1, 3.0) == [0, 1]
+    assert deadlines.slowest_s == 0.0
+    assert deadlines.current() == 1
+
+
+def test_a_step_blocked_past_its_deadline_is_hung_within_seconds_saying_so(world_factory: WorldFactory) -> None:
+    """A barrier one rank never joins is StepHung a few probes after its 1 s deadline, well before the 60 s cap."""
+    from tests.testing import rank_fns
+
+    ranks = world_factory(2)
+    ranks.run(rank_fns.identity)  # started (and replaced, if an earlier test left it broken) before the clock
+    world = DeadlineWorld(ranks, Deadlines(cap_s=60, floor_s=1))
+    start = time.monotonic()
+    with pytest.raises(StepHung) as info:
+        world.run(rank_fns.hang_in_barrier, 1)
+    assert time.monotonic() - start < 30
+    assert "at least 1 s, at most --timeout 60 s" in info.value.deadline_note
+    assert "rank 1 blocked: the same stack and no CPU time" in info.value.deadline_note
+    assert "in barrier" in info.value.timeout.stacks[1]
 
 
 def test_a_world_that_fails_to_start_is_started_once_and_each_check_says_why() -> None:

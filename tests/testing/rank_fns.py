@@ -137,3 +137,26 @@ def failing_setup() -> None:
 
     if dist.get_rank() == 1:
         raise RuntimeError("setup cannot run here")
+
+
+def compute_for(seconds: float) -> int:
+    """Keep the CPU busy for ``seconds`` (pure Python: the stack barely changes), then return the rank."""
+    import time
+
+    import torch.distributed as dist
+
+    end = time.process_time() + seconds
+    n = 0
+    while time.process_time() < end:
+        n += 1
+    return dist.get_rank()
+
+
+def wait_for_busy_rank(busy_rank: int, seconds: float) -> int:
+    """Rank ``busy_rank`` computes for ``seconds`` of CPU time, then every rank meets in a barrier."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == busy_rank:
+        compute_for(seconds)
+    dist.barrier()
+    return dist.get_rank()

@@ -430,13 +430,22 @@ def train_config(
 
 
 def warm_up() -> None:
-    """Build one tiny DDP on this rank's device and train it a step.
+    """Build tiny DDPs on this rank's device and train each a step: plain, ``static_graph``, checkpointed.
 
     torch's first DDP in a process imports several hundred modules (about a
-    second); a world started with this as its ``setup`` pays that while it
-    starts, in the background when started with ``wait=False``.
+    second, far more with a cold bytecode cache on a busy machine), and a
+    static graph and activation checkpointing may import more on first use;
+    a world started with this as its ``setup`` pays that while it starts, in
+    the background when started with ``wait=False``, rather than inside a
+    checked step.
     """
+    from torch.utils.checkpoint import checkpoint
+
     nccl = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    wrapped = DistributedDataParallel(nn.Linear(2, 2).to(device), device_ids=[device] if nccl else None)
-    wrapped(torch.ones(1, 2, device=device)).sum().backward()
+    device_ids = [device] if nccl else None
+    x = torch.ones(1, 2, device=device)
+    plain = DistributedDataParallel(nn.Linear(2, 2).to(device), device_ids=device_ids)
+    plain(x).sum().backward()
+    static = DistributedDataParallel(nn.Linear(2, 2).to(device), device_ids=device_ids, static_graph=True)
+    checkpoint(static, x, use_reentrant=False).sum().backward()

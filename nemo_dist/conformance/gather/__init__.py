@@ -1,10 +1,11 @@
 """The gather suite: conformance checks of an all-gather (a dist_utils module or one callable).
 
 Importing it registers its checks (core: :mod:`.checks`, extended:
-:mod:`.extended`) and its suite step: a callable checked with ``--gather-fn``
-is called once on every rank of each world before the checks. Its output
-form is detected there (``--gather-form auto``); a first call that fails
-everywhere for a missing parameter is a usage error
+:mod:`.extended`), its worlds' setup (a first gather with autograd, see
+:func:`.ranks.warm_up`) and its suite step: a callable checked with
+``--gather-fn`` is called once on every rank of each world before the
+checks. Its output form is detected there (``--gather-form auto``); a first
+call that fails everywhere for a missing parameter is a usage error
 (:class:`~nemo_dist.conformance.target.MissingParameter`), and any other
 failure a note under the header (the checks then report it, each).
 """
@@ -65,4 +66,4 @@ def detect_output_form(world: Any, impl: Implementation, notes: list[str]) -> Im
     return impl
 
 
-register_suite(Suite("gather", prepare=detect_output_form))
+register_suite(Suite("gather", world_setup=ranks.warm_up, prepare=detect_output_form))

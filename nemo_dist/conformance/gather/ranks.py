@@ -34,6 +34,7 @@ __all__ = [
     "raises",
     "same_bits",
     "uneven",
+    "warm_up",
 ]
 
 #: Losses of :func:`backward`: how the gathered output ``out`` feeds the backward pass.
@@ -274,3 +275,32 @@ def raises(
     except Exception as exc:  # any error: the check asserts on its type and message
         return type(exc).__name__, str(exc)
     return "no error", f"returned shape {tuple(out.shape)}"
+
+
+class _WarmUpGather(torch.autograd.Function):
+    """A minimal all-gather with autograd: its first backward pays the engine's lazy imports."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        return grad.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+def warm_up() -> None:
+    """Run one gather with autograd, forward and backward, through a custom autograd Function.
+
+    A world's setup: the first backward through any custom Function (and the
+    first collectives of each kind) may import modules lazily, seconds with a
+    cold bytecode cache on a busy machine; paid here, while the world starts,
+    not inside the first checked step.
+    """
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    x = torch.ones(2, 3, device=device, requires_grad=True)
+    _WarmUpGather.apply(x).sum().backward()
