@@ -36,6 +36,7 @@ from nemo_dist.conformance.target import (
     PRESETS,
     REFERENCE,
     Implementation,
+    MissingParameter,
     NotApplicable,
     NotSupported,
     OptionError,
@@ -55,6 +56,7 @@ __all__ = [
     "Case",
     "Check",
     "Implementation",
+    "MissingParameter",
     "NotApplicable",
     "NotSupported",
     "OptionError",
@@ -112,6 +114,8 @@ def run_conformance(
     ``select`` keeps checks whose name contains it; ``components`` limits
     the checks to those components (the other modules still serve them). Returns the
     :class:`Report`; ``report.exit_code(strict)`` is what the command exits with.
+    Raises ``MissingParameter`` (a usage error) when the gather callable's first
+    call fails for a parameter no ``gather_kwargs`` fills.
     """
     checks = select_checks(load_checks().values(), impl, tier, select, components)
     return run_checks(

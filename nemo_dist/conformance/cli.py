@@ -82,6 +82,20 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help=f"output form of --gather-fn: {', '.join(GATHER_FORMS)} (default auto: detected from its first call)",
     )
+    p.add_argument(
+        "--gather-kwarg",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="a keyword passed on every call of --gather-fn (and --no-grad-fn), VALUE a Python literal, such as "
+        "--gather-kwarg dim=0; repeat it for more (group= and uneven= are the checks' to pass)",
+    )
+    p.add_argument(
+        "--gather-output",
+        metavar="INDEX",
+        help="--gather-fn returns a tuple or list holding the gathered value at INDEX, such as --gather-output 0 "
+        "for a (gathered, sizes) return; --gather-form applies to that element",
+    )
     p.add_argument("--ddp", metavar="MODULE", help="module with parallelize_ddp, DDPManager, or both (each is checked)")
     p.add_argument("--config", metavar="MODULE", help="module with DDPConfig")
     p.add_argument("--preset", metavar="NAME", help=f"named module layout: {', '.join(PRESETS)}")
@@ -305,6 +319,8 @@ def _options(
             gather_fn=args.gather_fn,
             no_grad_fn=args.no_grad_fn,
             gather_form=args.gather_form,
+            gather_kwargs=args.gather_kwarg,
+            gather_output=args.gather_output,
         )
         validate_implementation(impl)
     except OptionError as exc:
@@ -329,9 +345,41 @@ def _progress(args: argparse.Namespace, rank: int = 0) -> Callable[[Verdict], No
     return None if args.quiet or rank != 0 else _print_progress
 
 
+def _run_in_torchrun(
+    args: argparse.Namespace,
+    checks: list[Check],
+    impl: Implementation,
+    components: tuple[str, ...],
+    max_examples: int,
+    hypothesis_db: Path | None,
+    rank: int,
+) -> int:
+    """Run ``checks`` in torchrun's world; this rank's exit status (rank 0 prints the report)."""
+    from nemo_dist.conformance.inworld import run_in_world
+
+    try:
+        report = run_in_world(
+            checks,
+            impl,
+            backend=args.backend,
+            tier=args.tier,
+            max_examples=max_examples,
+            on_verdict=_progress(args, rank),
+            components=components,
+            hypothesis_db=hypothesis_db,
+        )
+    except OptionError as exc:  # every rank's first call of the callable lacked a parameter
+        if rank == 0:
+            print(f"nemo-dist-conformance: error: {exc.worded(option_name)}", file=sys.stderr, flush=True)
+        return 2
+    if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
+        report = report.with_notes("--world-sizes is ignored under torchrun: the world is torchrun's")
+    return _emit(report, args) if rank == 0 else report.exit_code(args.strict)
+
+
 def _main_torchrun(args: argparse.Namespace) -> int:
     """Check inside torchrun's world; ends the process with the status (``os._exit``) after a run."""
-    from nemo_dist.conformance.inworld import init_from_env, run_in_world
+    from nemo_dist.conformance.inworld import init_from_env
 
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -346,19 +394,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
 
     init_from_env(args.backend, timeout)
     try:
-        report = run_in_world(
-            checks,
-            impl,
-            backend=args.backend,
-            tier=args.tier,
-            max_examples=max_examples,
-            on_verdict=_progress(args, rank),
-            components=components,
-            hypothesis_db=hypothesis_db,
-        )
-        if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
-            report = report.with_notes("--world-sizes is ignored under torchrun: the world is torchrun's")
-        code = _emit(report, args) if rank == 0 else report.exit_code(args.strict)
+        code = _run_in_torchrun(args, checks, impl, components, max_examples, hypothesis_db, rank)
         codes: list[int | None] = [None] * dist.get_world_size()
         dist.all_gather_object(codes, code)
         status = max(c or 0 for c in codes)
@@ -406,20 +442,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    report = run_checks(
-        checks,
-        impl,
-        sizes,
-        backend=args.backend,
-        tier=args.tier,
-        max_examples=max_examples,
-        timeout=timeout,
-        min_deadline=min_deadline,
-        on_verdict=_progress(args),
-        components=components,
-        seed=seed,
-        hypothesis_db=hypothesis_db,
-    )
+    try:
+        report = run_checks(
+            checks,
+            impl,
+            sizes,
+            backend=args.backend,
+            tier=args.tier,
+            max_examples=max_examples,
+            timeout=timeout,
+            min_deadline=min_deadline,
+            on_verdict=_progress(args),
+            components=components,
+            seed=seed,
+            hypothesis_db=hypothesis_db,
+        )
+    except OptionError as exc:  # found by running: a parameter the callable's first call lacked
+        print(f"nemo-dist-conformance: error: {exc.worded(option_name)}", file=sys.stderr)
+        return 2
     report = dataclasses.replace(report, command=reproduce_command(args))
     return _emit(report.with_notes(*size_notes) if size_notes else report, args)
 

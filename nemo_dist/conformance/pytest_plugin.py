@@ -8,7 +8,9 @@ registry's :func:`~nemo_dist.conformance.registry.cases`, as the command runs
 them). Options: ``--conformance-gather/-ddp/-config MODULE`` (naming any
 checks only those components; naming none checks the bundled ones),
 ``--conformance-gather-fn MODULE:NAME`` (one all-gather callable, with
-``--conformance-no-grad-fn`` and ``--conformance-gather-form``),
+``--conformance-no-grad-fn``, ``--conformance-gather-form``, and how to call
+it: ``--conformance-gather-kwarg NAME=VALUE``, repeatable, and
+``--conformance-gather-output INDEX``),
 ``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
 ``--conformance-max-examples``, ``--conformance-backend`` (gloo, nccl) and
 ``--conformance-min-deadline`` and
@@ -69,6 +71,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--conformance-gather-form", default="auto", help="output form of the callable: auto, cat, tuple, stacked"
     )
+    group.addoption(
+        "--conformance-gather-kwarg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword passed on every call of the callable, VALUE a Python literal (dim=0); repeatable",
+    )
+    group.addoption(
+        "--conformance-gather-output",
+        metavar="INDEX",
+        help="the index of the gathered value in the callable's tuple or list return (0 for (gathered, sizes))",
+    )
     group.addoption("--conformance-preset", metavar="NAME", help="named module layout (nemo_dist, nemo_automodel)")
     group.addoption("--conformance-tier", default="all", help="core, extended or all (default all)")
     group.addoption(
@@ -113,6 +127,8 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             gather_fn=config.getoption("--conformance-gather-fn"),
             no_grad_fn=config.getoption("--conformance-no-grad-fn"),
             gather_form=config.getoption("--conformance-gather-form"),
+            gather_kwargs=config.getoption("--conformance-gather-kwarg"),
+            gather_output=config.getoption("--conformance-gather-output"),
         )
         validate_implementation(impl)
     except OptionError as exc:
@@ -204,8 +220,10 @@ def reproduce_line(config: pytest.Config, nodeid: str, world_size: int, seed: in
     parts = ["pytest", shlex.quote(nodeid)]
     for option in _REPEATED:
         value = config.getoption(option)
-        if value is not None and value != _DEFAULTS.get(option):
-            parts += [option, shlex.quote(str(value))]
+        if value is None or value == _DEFAULTS.get(option):
+            continue
+        for item in value if isinstance(value, list) else [value]:  # a repeatable option, once per value
+            parts += [option, shlex.quote(str(item))]
     if world_size:
         parts += ["--dist-world-sizes", str(world_size)]
     return " ".join([*parts, f"--hypothesis-seed={seed}"])
@@ -217,6 +235,8 @@ _REPEATED = (
     "--conformance-gather-fn",
     "--conformance-no-grad-fn",
     "--conformance-gather-form",
+    "--conformance-gather-kwarg",
+    "--conformance-gather-output",
     "--conformance-ddp",
     "--conformance-config",
     "--conformance-preset",
@@ -270,12 +290,27 @@ def check_holds(
         except Exception as exc:
             if is_not_supported(exc):
                 pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
-            cause = getattr(exc, "likely_cause", "")
+            cause = getattr(exc, "likely_cause", "") or _missing_parameter_cause(case.impl, exc)
             if cause:
                 _add_note(exc, f"Likely cause: {cause}")
             if reproduce:
                 _add_note(exc, reproduce.strip())
             raise
+
+
+def _missing_parameter_cause(impl: Implementation | None, exc: BaseException) -> str:
+    """For a callable whose hidden signature lacked a parameter in the call: which, and the option to fill it."""
+    from nemo_dist.conformance.signature import missing_in_text
+
+    if impl is None or impl.gather_fn is None:
+        return ""
+    names = missing_in_text(str(exc))
+    if not names:
+        return ""
+    return (
+        f"{impl.gather_fn} was called without its required parameter {names[0]!r}; pass it on every call "
+        f"with {option_name('gather_kwarg')} {names[0]}=VALUE"
+    )
 
 
 def _add_note(exc: BaseException, note: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from nemo_dist.conformance.deadlines import FLOOR_S, Deadlines, DeadlineWorld, StepAborted, warm_up
 from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
 from nemo_dist.conformance.registry import SUITES, Case, Check, WorldLike, cases
-from nemo_dist.conformance.target import Implementation, checked_components, import_components
+from nemo_dist.conformance.target import Implementation, OptionError, checked_components, import_components
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict, classify
 
 __all__ = ["run_case", "run_check", "run_checks", "run_checks_in", "run_worldless"]
@@ -198,6 +198,9 @@ def run_checks(
     ``on_verdict`` is called after each check (progress output);
     ``components`` (default: those ``impl`` names) is recorded in the report.
     Verdicts come in run order: world-less checks, then by world size, then by check.
+    Raises ``OptionError`` (a usage error) when a suite's preparation finds
+    that the options cannot work (``MissingParameter``: the gather callable's
+    first call lacks a parameter); the worlds are closed first.
     """
     start = time.perf_counter()
     verdicts: list[Verdict] = []
@@ -243,7 +246,9 @@ def run_checks(
 def _prepared(world: Any, checks: Sequence[Check], impl: Implementation, notes: list[str]) -> Implementation:
     """Import ``impl`` on every rank of ``world``, then run each selected suite's ``prepare`` step.
 
-    A step that fails leaves ``impl`` as it is: the checks report what goes wrong.
+    A step that fails leaves ``impl`` as it is: the checks report what goes
+    wrong. An ``OptionError`` (a step found that the options cannot work: a
+    parameter no option fills, say) propagates: it is a usage error.
     """
     try:
         with warnings.catch_warnings():
@@ -253,6 +258,8 @@ def _prepared(world: Any, checks: Sequence[Check], impl: Implementation, notes: 
                 suite = SUITES.get(component)
                 if suite is not None and suite.prepare is not None:
                     impl = suite.prepare(world, impl, notes)
+    except OptionError:
+        raise
     except (Exception, StepAborted):
         return impl
     return impl

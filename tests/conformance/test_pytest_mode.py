@@ -6,6 +6,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from tests.conformance._cli import ROOT, clean_env
 
 
@@ -90,3 +92,46 @@ def test_a_failing_check_prints_the_pytest_line_that_reproduces_it_alone() -> No
     example = _failing_example(result.stdout)
     assert "Failing test case: prop(" in example, result.stdout
     assert _failing_example(again.stdout) == example, again.stdout
+
+
+def test_gather_call_options_make_a_sized_gather_checkable_under_pytest() -> None:
+    """--conformance-gather-kwarg dim=0 and --conformance-gather-output 0 call gather_with_sizes as the command does."""
+    result = _pytest_conformance(
+        "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes",
+        "--conformance-gather-kwarg", "dim=0", "--conformance-gather-output", "0",
+        "--conformance-tier", "core", "-k", "forward_matches_cat or backward_sums",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "--conformance-gather-fn tests.forks.gallery_gather_with_sizes:gather_with_sizes has required "
+             "keyword-only parameter 'dim' that no option fills; pass it on every call with "
+             "--conformance-gather-kwarg dim=VALUE"),
+        (("--conformance-gather-kwarg", "dim=zero"), "--conformance-gather-kwarg 'dim=zero': 'zero' is not a Python"),
+        (("--conformance-gather-kwarg", "dim=0", "--conformance-gather-output", "-1"),
+         "--conformance-gather-output expects the index (>= 0)"),
+    ],
+    ids=["missing-dim", "not-a-literal", "negative-output"],
+)
+def test_bad_gather_call_options_are_pytest_usage_errors(args: tuple[str, ...], message: str) -> None:
+    """A required parameter left unfilled, or a bad kwarg or index, stops pytest with a usage error naming it."""
+    result = _pytest_conformance(
+        "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes", *args
+    )
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert message in result.stderr
+
+
+def test_a_hidden_missing_parameter_fails_with_the_option_to_fill_it() -> None:
+    """Behind a decorator hiding dim, each failing test names the parameter and --conformance-gather-kwarg."""
+    result = _pytest_conformance(
+        "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:timed_gather_with_sizes",
+        "-k", "forward_matches_cat",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Likely cause: tests.forks.gallery_gather_with_sizes:timed_gather_with_sizes was called without its " \
+        "required parameter 'dim'; pass it on every call with --conformance-gather-kwarg dim=VALUE" in result.stdout

@@ -2,9 +2,12 @@
 
 Importing it registers its checks (core: :mod:`.checks`, extended:
 :mod:`.extended`), its worlds' setup (a first gather with autograd, see
-:func:`.ranks.warm_up`) and its suite step: for a callable checked with ``--gather-fn``
-and ``--gather-form auto``, the output form is detected from a first call on
-every rank of each world.
+:func:`.ranks.warm_up`) and its suite step: a callable checked with
+``--gather-fn`` is called once on every rank of each world before the
+checks. Its output form is detected there (``--gather-form auto``); a first
+call that fails everywhere for a missing parameter is a usage error
+(:class:`~nemo_dist.conformance.target.MissingParameter`), and any other
+failure a note under the header (the checks then report it, each).
 """
 
 from __future__ import annotations
@@ -15,22 +18,50 @@ from typing import Any
 from nemo_dist.conformance.deadlines import warm_up
 from nemo_dist.conformance.gather import checks, extended, ranks
 from nemo_dist.conformance.registry import Suite, register_suite
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.target import GROUP_PARAMETERS, Implementation, MissingParameter
 
-__all__ = ["checks", "detect_output_form", "extended"]
+__all__ = ["checks", "detect_output_form", "extended", "missing_parameter"]
+
+
+def missing_parameter(impl: Implementation, names: str, error: str) -> MissingParameter:
+    """The usage error of a first call of ``impl``'s callable that raised ``error`` lacking ``names`` (comma-joined)."""
+    name = names.split(",")[0]
+    if name in GROUP_PARAMETERS or name == "uneven":
+        remedy = (
+            f"the checks pass {name}= only where they need it: give the parameter a default "
+            "(None for a process group: the whole world)"
+        )
+    else:
+        remedy = f"pass it on every call with {{opt:gather_kwarg}} {name}=VALUE (VALUE a Python literal)"
+    return MissingParameter(
+        f"{{opt:gather_fn}} {impl.gather_fn} failed its first call on every rank for a missing parameter "
+        f"{name!r} ({error}); {remedy}",
+        name,
+    )
 
 
 def detect_output_form(world: Any, impl: Implementation, notes: list[str]) -> Implementation:
-    """``impl`` with a callable's output form fixed from its first call when every rank saw the same form.
+    """Call ``impl``'s gather callable once on every rank; ``impl`` with its output form fixed when detected.
 
-    Adds a note naming the form detected. An implementation that names a
-    module, or a form, comes back as it is.
+    With ``--gather-form auto`` and the same form on every rank, the form
+    is fixed and a note names it. Raises ``MissingParameter`` when every
+    rank's call failed for a missing parameter; another failure adds a note
+    with the first rank's error. An implementation that names a module comes
+    back as it is, with no call.
     """
-    if impl.gather_fn is None or impl.gather_form != "auto":
+    if impl.gather_fn is None:
         return impl
-    forms = warm_up(world, ranks.output_form, impl)
-    if len(set(forms)) == 1 and forms[0] is not None:
-        notes.append(f"{impl.gather_fn}: output form {forms[0]!r}, detected from its first call")
+    calls = warm_up(world, ranks.first_call, impl)
+    if calls and all(c["missing"] for c in calls):
+        raise missing_parameter(impl, calls[0]["missing"], calls[0]["error"].splitlines()[0])
+    failed = [(rank, c["error"]) for rank, c in enumerate(calls) if c["error"]]
+    if failed:
+        rank, error = failed[0]
+        notes.append(f"{impl.gather_label}: its first call failed on rank {rank}: {error.splitlines()[0]}")
+        return impl
+    forms = [c["form"] for c in calls]
+    if impl.gather_form == "auto" and len(set(forms)) == 1 and forms[0]:
+        notes.append(f"{impl.gather_label}: output form {forms[0]!r}, detected from its first call")
         return dataclasses.replace(impl, gather_form=forms[0])
     return impl
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_dist.conformance import signature
 from nemo_dist.conformance.gather.target import target
 from nemo_dist.conformance.target import Implementation
 from nemo_dist.testing.strategies import apply_layout
@@ -27,9 +28,9 @@ __all__ = [
     "alone",
     "autograd_function",
     "backward",
+    "first_call",
     "forward",
     "grouped",
-    "output_form",
     "precision",
     "raises",
     "same_bits",
@@ -89,19 +90,26 @@ def _group(partition: Sequence[Sequence[int]]) -> Any:
     return mine
 
 
-def output_form(impl: Implementation) -> str | None:
-    """The output form of a first call of ``impl``'s gather callable on this rank ("cat", "tuple" or "stacked").
+def first_call(impl: Implementation) -> dict[str, str]:
+    """What a first call of ``impl``'s gather callable on this rank gave, as text.
 
-    The call gathers a small (2, 3) float tensor. None when no callable is
-    checked or the call raised (the checks then report what goes wrong).
+    The call gathers a small (2, 3) float tensor. Keys: ``form`` (the form
+    of its gathered value: "cat", "tuple" or "stacked"), ``missing`` (the
+    parameters a "missing required argument" ``TypeError`` named, joined by
+    commas) and ``error`` (any other exception, or a value that is no
+    gathered form, as ``Type: message``); each empty when it does not apply,
+    all empty when no callable is checked.
     """
+    found = {"form": "", "missing": "", "error": ""}
     if impl.gather_fn is None:
-        return None
+        return found
     x = torch.arange(6, dtype=torch.float32, device=_device()).reshape(2, 3) + 10 * _rank()
     try:
-        return target(impl).form_of_call(x)
-    except Exception:
-        return None
+        found["form"] = target(impl).first_call(x)
+    except Exception as exc:
+        found["missing"] = ",".join(signature.missing_in(exc))
+        found["error"] = f"{type(exc).__name__}: {str(exc).strip()}"
+    return found
 
 
 def forward(

@@ -4,10 +4,13 @@ A target is either a dist_utils-style module (``all_gather_with_grad`` and
 ``all_gather_no_grad``) or one callable found anywhere: a function or a
 ``torch.autograd.Function`` subclass (called through ``.apply``), whose
 output is the concatenation on dim 0, a tuple or list of W tensors, or a
-stacked ``[W, *x.shape]`` tensor. :meth:`GatherTarget.gather` calls it and
-returns the concatenation, so every check asserts on one form. Whether a
-callable takes a process group (keyword, or the parameter after ``x``) or
-``uneven=`` is read from its signature, per callable.
+stacked ``[W, *x.shape]`` tensor, or a tuple holding one of those
+(``--gather-output`` picks it). :meth:`GatherTarget.gather` calls it (with the
+``--gather-kwarg`` keywords) and returns the concatenation, so every check
+asserts on one form; a tuple form that is not W tensors is a ``TypeError``
+saying so, never concatenated. Whether a callable takes a process group
+(keyword, or the parameter after ``x``) or ``uneven=`` is read from its
+signature, per callable.
 """
 
 from __future__ import annotations
@@ -21,12 +24,16 @@ from typing import Any
 
 import torch
 
-from nemo_dist.conformance.target import Implementation, NotApplicable, NotSupported, resolve_callable
+from nemo_dist.conformance import signature
+from nemo_dist.conformance.target import (
+    GROUP_PARAMETERS,
+    Implementation,
+    NotApplicable,
+    NotSupported,
+    resolve_callable,
+)
 
 __all__ = ["GROUP_PARAMETERS", "GatherTarget", "detect_form", "target"]
-
-#: Parameter names taken to be a process group.
-GROUP_PARAMETERS: tuple[str, ...] = ("group", "process_group", "pg")
 
 
 def detect_form(out: Any, x: torch.Tensor) -> str:
@@ -38,13 +45,65 @@ def detect_form(out: Any, x: torch.Tensor) -> str:
     return "cat"
 
 
-def _as_cat(out: Any, x: torch.Tensor, form: str, name: str) -> torch.Tensor:
+def _kinds(items: Any) -> str:
+    return ", ".join(type(item).__name__ for item in items)
+
+
+def _picked(out: Any, index: int | None, name: str) -> Any:
+    """The element ``index`` of a tuple or list return (``out`` itself when no index is given)."""
+    if index is None:
+        return out
+    if not isinstance(out, (tuple, list)):
+        raise TypeError(
+            f"{name} returned a {type(out).__name__}, not a tuple or list: --gather-output {index} picks an "
+            "element of a tuple or list return; leave --gather-output out"
+        )
+    if index >= len(out):
+        raise TypeError(
+            f"{name} returned a {type(out).__name__} of {len(out)} ({_kinds(out)}): --gather-output {index} is "
+            f"past its end; give the index of the gathered tensor (0..{len(out) - 1})"
+        )
+    return out[index]
+
+
+def _extra_hint(parts: Any) -> str:
+    """How to pick the gathered tensor out of a ``(gathered, extra)`` return, for a tuple that is not W tensors."""
+    first = next((i for i, p in enumerate(parts) if isinstance(p, torch.Tensor)), 0)
+    return f"a (gathered, extra) return needs --gather-output {first}"
+
+
+def _parts(out: Any, x: torch.Tensor, name: str, world_size: int | None) -> list[torch.Tensor]:
+    """The W tensors of a tuple-form return; a ``TypeError`` saying why when it is not W tensors."""
+    kind = type(out).__name__
+    parts = list(out) if isinstance(out, (tuple, list)) else None
+    if parts is None:
+        raise TypeError(f"{name} returned {kind}; the tuple form expects a tuple of W tensors")
+    tensors = all(isinstance(p, torch.Tensor) for p in parts)
+    what = f"{len(parts)} tensors" if tensors else f"{len(parts)} items ({_kinds(parts)})"
+    if world_size is not None and len(parts) != world_size:
+        raise TypeError(
+            f"{name} returned a {kind} of {what} at world size {world_size}; the tuple form needs one tensor "
+            f"per rank; {_extra_hint(parts)}"
+        )
+    if not parts or not tensors:
+        raise TypeError(f"{name} returned a {kind} of {what}; the tuple form needs W tensors; {_extra_hint(parts)}")
+    if any(p.dim() != x.dim() or p.shape[1:] != x.shape[1:] for p in parts):
+        shapes = ", ".join(str(tuple(p.shape)) for p in parts)
+        raise TypeError(
+            f"{name} returned a {kind} of {what} of shapes {shapes} for x of shape {tuple(x.shape)}; the tuple "
+            f"form needs each rank's x; {_extra_hint(parts)}"
+        )
+    return parts
+
+
+def _as_cat(
+    out: Any, x: torch.Tensor, form: str, name: str, world_size: int | None = None, index: int | None = None
+) -> torch.Tensor:
+    """The concatenation ``out`` stands for (after picking element ``index``); ``TypeError`` when it is none."""
+    out = _picked(out, index, name)
     form = detect_form(out, x) if form == "auto" else form
     if form == "tuple":
-        parts = list(out) if isinstance(out, (tuple, list)) else None
-        if not parts or not all(isinstance(p, torch.Tensor) for p in parts):
-            raise TypeError(f"{name} returned {type(out).__name__}; the tuple form expects a tuple of W tensors")
-        return torch.cat(parts, dim=0)
+        return torch.cat(_parts(out, x, name, world_size), dim=0)
     if not isinstance(out, torch.Tensor):
         raise TypeError(
             f"{name} returned {type(out).__name__}; expected a tensor (concatenation or stacked) or a tuple of tensors"
@@ -56,31 +115,37 @@ def _as_cat(out: Any, x: torch.Tensor, form: str, name: str) -> torch.Tensor:
     return out
 
 
+def _group_size(group: Any) -> int | None:
+    """The number of ranks a call gathers from (None outside a process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return int(dist.get_world_size(group))
+
+
 @dataclass(frozen=True)
 class _Signature:
     group: str | None  # the parameter name, or None
-    group_positional: bool
     uneven: bool
+    function_class: bool  # called through .apply: every value is placed by position
+    parameters: tuple[inspect.Parameter, ...] | None  # after x; None when unreadable
 
 
-def _signature(fn: Callable[..., Any], *, skip: int, allow_var_keyword: bool) -> _Signature:
-    """What ``fn`` accepts besides ``x``: its first ``skip`` parameters (ctx, x) are not looked at."""
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return _Signature(None, False, False)
-    rest = parameters[skip:]
+def _signature(found: Any, *, allow_var_keyword: bool) -> _Signature:
+    """What ``found`` (a function, or an autograd Function's class) accepts besides ``x``."""
+    function_class = signature.is_function_class(found)
+    rest = signature.parameters_after_x(found)
+    if rest is None:
+        return _Signature(None, False, function_class, None)
     named = {p.name: p for p in rest}
     var_keyword = allow_var_keyword and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rest)
     group = next((n for n in GROUP_PARAMETERS if n in named), None)
-    positional = False
-    if group is not None:
-        kind = named[group].kind
-        positional = kind is inspect.Parameter.POSITIONAL_ONLY
-    elif var_keyword:
+    if group is None and var_keyword:
         group = "group"
-    uneven = "uneven" in named or var_keyword
-    return _Signature(group, positional, uneven)
+    # apply() passes positional arguments only, so uneven= cannot reach an autograd Function's forward.
+    uneven = not function_class and ("uneven" in named or var_keyword)
+    return _Signature(group, uneven, function_class, rest)
 
 
 @dataclass(frozen=True)
@@ -90,7 +155,9 @@ class GatherTarget:
     ``label`` names it in messages; ``module_api`` is True for a dist_utils
     module (whose ``all_gather_with_grad`` also promises to return ``x`` when
     there is nothing to gather); ``form`` is the output form ("auto":
-    detected from each result).
+    detected from each result); ``keywords`` are passed on every call
+    (``--gather-kwarg``) and ``output`` picks the gathered value out of a
+    tuple or list return (``--gather-output``).
     """
 
     label: str
@@ -100,7 +167,8 @@ class GatherTarget:
     _no_grad: Callable[..., Any] | None
     _with_grad_signature: _Signature
     _no_grad_signature: _Signature
-    _is_function_class: bool
+    keywords: tuple[tuple[str, Any], ...] = ()
+    output: int | None = None
 
     def takes(self, keyword: str) -> bool:
         """Whether both callables accept ``keyword`` ("group" or "uneven")."""
@@ -123,9 +191,16 @@ class GatherTarget:
                 f"{self.label} is checked as a bare collective"
             )
 
-    def form_of_call(self, x: torch.Tensor) -> str:
-        """Call the with-grad callable once on ``x`` and return the form of what it returned."""
-        return detect_form(self._with_grad(x), x)
+    def first_call(self, x: torch.Tensor) -> str:
+        """Call the with-grad callable once on ``x``; return the form of its gathered value.
+
+        Raises what the call raises, and a ``TypeError`` when the value is
+        no gathered form (a tuple that is not W tensors, say).
+        """
+        out = _picked(self._call(self._with_grad, self._with_grad_signature, x, {}), self.output, self.label)
+        form = detect_form(out, x) if self.form == "auto" else self.form
+        _as_cat(out, x, form, self.label, _group_size(None))
+        return form
 
     def gather(
         self, x: torch.Tensor, *, no_grad: bool = False, group: Any = None, uneven: bool = False
@@ -136,47 +211,54 @@ class GatherTarget:
         concatenation of a returned tuple or list both run under ``torch.no_grad()``.
         """
         if no_grad and self._no_grad is not None:
-            fn, signature, name = self._no_grad, self._no_grad_signature, f"{self.label} (no grad)"
+            fn, sig, name = self._no_grad, self._no_grad_signature, f"{self.label} (no grad)"
         else:
-            fn, signature, name = self._with_grad, self._with_grad_signature, self.label
-        args: list[Any] = [x]
-        kwargs: dict[str, Any] = {}
+            fn, sig, name = self._with_grad, self._with_grad_signature, self.label
+        values: dict[str, Any] = {}
         if group is not None:
-            if signature.group is None:
+            if sig.group is None:
                 raise NotSupported(f"needs group=: {name} takes no group=")
-            if self._is_function_class or signature.group_positional:
-                args.append(group)
-            else:
-                kwargs[signature.group] = group
+            values[sig.group] = group
         if uneven:
-            kwargs["uneven"] = True
+            values["uneven"] = True
         context = torch.no_grad() if no_grad and self._no_grad is None else contextlib.nullcontext()
         with context:
             # Combining a returned list is part of the call: under the call's grad mode, or a
             # list holding x itself (which requires grad) would concatenate into autograd.
-            return _as_cat(fn(*args, **kwargs), x, self.form, name)
+            out = self._call(fn, sig, x, values)
+            return _as_cat(out, x, self.form, name, _group_size(group), self.output)
+
+    def _call(self, fn: Callable[..., Any], sig: _Signature, x: torch.Tensor, values: dict[str, Any]) -> Any:
+        """``fn(x, ...)`` with ``values`` and this target's keywords, each placed as ``fn`` takes it."""
+        args, kwargs = signature.arguments(sig.parameters, {**dict(self.keywords), **values}, sig.function_class)
+        return fn(x, *args, **kwargs)
 
 
-def _callable(spec: str) -> tuple[Callable[..., Any], _Signature, bool]:
+def _callable(spec: str) -> tuple[Callable[..., Any], _Signature]:
     found = resolve_callable(spec)
-    if isinstance(found, type) and issubclass(found, torch.autograd.Function):
-        signature = _signature(found.forward, skip=2, allow_var_keyword=False)
-        # apply() takes positional arguments only, and uneven= cannot reach forward.
-        return found.apply, _Signature(signature.group, True, False), True
-    return found, _signature(found, skip=1, allow_var_keyword=False), False
+    sig = _signature(found, allow_var_keyword=False)
+    return (found.apply if sig.function_class else found), sig
 
 
 @functools.lru_cache(maxsize=16)
 def target(impl: Implementation) -> GatherTarget:
     """The :class:`GatherTarget` of ``impl`` (cached per implementation; imports what it names)."""
     if impl.gather_fn is not None:
-        with_grad, with_signature, is_class = _callable(impl.gather_fn)
+        with_grad, with_signature = _callable(impl.gather_fn)
         if impl.no_grad_fn is not None:
-            no_grad, no_grad_signature, _ = _callable(impl.no_grad_fn)
+            no_grad, no_grad_signature = _callable(impl.no_grad_fn)
         else:
             no_grad, no_grad_signature = None, with_signature
         return GatherTarget(
-            impl.gather_fn, False, impl.gather_form, with_grad, no_grad, with_signature, no_grad_signature, is_class
+            impl.gather_fn,
+            False,
+            impl.gather_form,
+            with_grad,
+            no_grad,
+            with_signature,
+            no_grad_signature,
+            tuple(impl.gather_call_kwargs().items()),
+            impl.gather_output,
         )
     module = impl.module("gather")
     with_grad = module.all_gather_with_grad
@@ -187,7 +269,6 @@ def target(impl: Implementation) -> GatherTarget:
         "cat",
         with_grad,
         no_grad,
-        _signature(with_grad, skip=1, allow_var_keyword=True),
-        _signature(no_grad, skip=1, allow_var_keyword=True),
-        False,
+        _signature(with_grad, allow_var_keyword=True),
+        _signature(no_grad, allow_var_keyword=True),
     )
