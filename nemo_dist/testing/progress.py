@@ -135,6 +135,12 @@ class ProgressWatch:
             else:
                 blocked.append(rank)
         if working:
+            # The next dumps, read at the next probe. None is requested once the
+            # ranks are judged blocked: the timeout's SIGTERM dump follows at
+            # once, and faulthandler skips a dump that starts while another is
+            # being written, which would leave the report without a stack.
+            for rank in pending:
+                self._offsets[rank] = request_dump(self._ranks[rank])
             return True
         ranks = ", ".join(str(r) for r in blocked)
         self.verdict = (
@@ -144,11 +150,10 @@ class ProgressWatch:
         return False
 
     def _take(self, r: RankProcess) -> _Sample | None:
-        """The dump requested at the previous probe with the stat now; request the next dump."""
+        """The dump requested at the previous probe, with the stat now (None before any dump was requested)."""
         stat = proc_stat(r.proc.pid)
-        offset = self._offsets.get(r.rank)
+        offset = self._offsets.pop(r.rank, None)
         stack = None if offset is None or r.sample_path is None else _read_from(r.sample_path, offset)
-        self._offsets[r.rank] = request_dump(r)
         return None if stack is None else _Sample(stack, stat)
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import core, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -48,6 +48,9 @@ def test_failing_example_is_saved_under_the_given_directory_not_the_cwd(
     cwd, db = tmp_path / "cwd", tmp_path / "db"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
+    # Hypothesis saves no example while a seed is forced (pytest --hypothesis-seed, or a run's seed):
+    # this test is about where a saved example goes, so it runs unseeded whatever ran before it.
+    monkeypatch.setattr(core, "global_force_seed", None)
     _fail_on_one(db)
     assert _files(db / "examples"), list(db.rglob("*"))
     assert list(cwd.iterdir()) == []

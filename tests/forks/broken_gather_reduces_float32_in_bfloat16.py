@@ -10,35 +10,14 @@ in bfloat16.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.distributed as dist
 
+from tests.forks.broken_gather_reduces_float64_in_float32 import lossy_function
 from tests.forks.upstream_style_gather import _active, all_gather_no_grad
 
 __all__ = ["all_gather_no_grad", "all_gather_with_grad"]
 
-
-class _AllGatherWithGrad(torch.autograd.Function):
-    """All-gather on dim 0; backward all-reduces the gradients (float32 ones in bfloat16) and keeps this rank's rows."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
-        return tuple(parts)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
-        stacked = torch.stack([g.contiguous() for g in grads])
-        if stacked.dtype == torch.float32:
-            reduced = stacked.bfloat16()  # BUG: 24 mantissa bits cut to 8 before the sum
-            dist.all_reduce(reduced)
-            stacked = reduced.float()
-        else:
-            dist.all_reduce(stacked)
-        return stacked[dist.get_rank()]
+_AllGatherWithGrad = lossy_function(torch.float32, torch.bfloat16)
 
 
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:

@@ -20,25 +20,31 @@ from tests.forks.upstream_style_gather import _active, all_gather_no_grad
 __all__ = ["all_gather_no_grad", "all_gather_with_grad"]
 
 
-class _AllGatherWithGrad(torch.autograd.Function):
-    """All-gather on dim 0; backward all-reduces the gradients (float64 ones in float32) and keeps this rank's rows."""
+def lossy_function(wide: torch.dtype, narrow: torch.dtype) -> type[torch.autograd.Function]:
+    """An all-gather on dim 0 whose backward all-reduces ``wide`` gradients in ``narrow`` and keeps this rank's rows."""
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
-        return tuple(parts)
+    class _AllGatherWithGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, x.contiguous())
+            return tuple(parts)
 
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
-        stacked = torch.stack([g.contiguous() for g in grads])
-        if stacked.dtype == torch.float64:
-            reduced = stacked.float()  # BUG: 53 mantissa bits cut to 24 before the sum
-            dist.all_reduce(reduced)
-            stacked = reduced.double()
-        else:
-            dist.all_reduce(stacked)
-        return stacked[dist.get_rank()]
+        @staticmethod
+        def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
+            stacked = torch.stack([g.contiguous() for g in grads])
+            if stacked.dtype == wide:
+                reduced = stacked.to(narrow)  # BUG: mantissa bits cut before the sum
+                dist.all_reduce(reduced)
+                stacked = reduced.to(wide)
+            else:
+                dist.all_reduce(stacked)
+            return stacked[dist.get_rank()]
+
+    return _AllGatherWithGrad
+
+
+_AllGatherWithGrad = lossy_function(torch.float64, torch.float32)
 
 
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
