@@ -11,6 +11,7 @@ the user runs the command from.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import tempfile
@@ -55,6 +56,10 @@ def seeded(seed: int | None) -> Iterator[None]:
 
 _PROFILE = "nemo_dist_conformance"
 _RESTORE_PROFILE = "nemo_dist_conformance_restore"
+# One restore profile name per run: whoever later reloads the current profile by
+# name (a fixture restoring "the profile that was active") gets that run's
+# previous settings, not those of a later, nested run registered under the same name.
+_RESTORES = itertools.count()
 
 #: The ``--hypothesis-db`` value that keeps no example database.
 NO_DATABASE = "none"
@@ -167,5 +172,6 @@ def hypothesis_settings(
         try:
             yield
         finally:
-            settings.register_profile(_RESTORE_PROFILE, previous)
-            settings.load_profile(_RESTORE_PROFILE)
+            restore = f"{_RESTORE_PROFILE}_{next(_RESTORES)}"
+            settings.register_profile(restore, previous)
+            settings.load_profile(restore)

@@ -48,10 +48,17 @@ def test_failing_example_is_saved_under_the_given_directory_not_the_cwd(
     cwd, db = tmp_path / "cwd", tmp_path / "db"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    # Hypothesis saves no example while a seed is forced (pytest --hypothesis-seed, or a run's seed):
-    # this test is about where a saved example goes, so it runs unseeded whatever ran before it.
+    # Hypothesis saves no example while a seed is forced or the profile derandomizes: this test is
+    # about where a saved example goes, so it runs unseeded and random whatever ran before it.
     monkeypatch.setattr(core, "global_force_seed", None)
-    _fail_on_one(db)
+    previous = settings.default
+    settings.register_profile("storage_test_random", previous, derandomize=False)  # derandomized: no database
+    settings.load_profile("storage_test_random")
+    try:
+        _fail_on_one(db)
+    finally:
+        settings.register_profile("storage_test_restore", previous)
+        settings.load_profile("storage_test_restore")
     assert _files(db / "examples"), list(db.rglob("*"))
     assert list(cwd.iterdir()) == []
 
