@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import core, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -48,17 +48,18 @@ def test_failing_example_is_saved_under_the_given_directory_not_the_cwd(
     cwd, db = tmp_path / "cwd", tmp_path / "db"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    # Hypothesis saves no example while a seed is forced or the profile derandomizes: this test is
-    # about where a saved example goes, so it runs unseeded and random whatever ran before it.
-    monkeypatch.setattr(core, "global_force_seed", None)
-    previous = settings.default
-    settings.register_profile("storage_test_random", previous, derandomize=False)  # derandomized: no database
-    settings.load_profile("storage_test_random")
-    try:
-        _fail_on_one(db)
-    finally:
-        settings.register_profile("storage_test_restore", previous)
-        settings.load_profile("storage_test_restore")
+    # In a fresh interpreter: hypothesis state other tests of this process leave behind (a forced
+    # seed, a derandomized profile) would stop it saving any example.
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests.conformance.test_hypothesis_storage import _fail_on_one\n"
+        "_fail_on_one(Path(sys.argv[1]))\n"
+    )
+    env = {**clean_env(), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script, str(db)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
     assert _files(db / "examples"), list(db.rglob("*"))
     assert list(cwd.iterdir()) == []
 
