@@ -169,12 +169,7 @@ class World:
         The ranks' process-group timeout is fixed at start (longer than the
         World's ``timeout``); a deadline beyond it lets gloo time out first.
         """
-        if not deadline_s > 0:
-            raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
-        self._check_open()
-        blob = pickle_call(fn, args, kwargs)
-        self.start()
-        return self._call(blob, float(deadline_s), describe(fn))
+        return self._run(deadline_s, None, fn, args, kwargs)
 
     def run_patiently(
         self, deadline_s: float, limit_s: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
@@ -189,14 +184,25 @@ class World:
         a probe interval: waiting in a collective or a receive), or at
         ``limit_s`` seconds. The timeout's ``reason`` says which.
         """
-        if not deadline_s > 0:
-            raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
         if not limit_s >= deadline_s:
             raise ValueError(f"limit_s must be >= deadline_s ({deadline_s!r} s), got {limit_s!r}")
+        return self._run(deadline_s, float(limit_s), fn, args, kwargs)
+
+    def _run(
+        self,
+        deadline_s: float,
+        limit_s: float | None,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> list[Any]:
+        """Validate, pickle, start if needed and call: what every run method shares."""
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
         self._check_open()
         blob = pickle_call(fn, args, kwargs)
         self.start()
-        return self._call(blob, float(deadline_s), describe(fn), limit_s=float(limit_s))
+        return self._call(blob, float(deadline_s), describe(fn), limit_s=limit_s)
 
     def close(self) -> None:
         """Stop the ranks and free every resource; idempotent.
@@ -322,9 +328,7 @@ class World:
         watch = None if limit_s is None else ProgressWatch(self._ranks)
         started = time.monotonic()
         try:
-            replies, deaths, pending, timed_out = gather(
-                self._ranks, seq, deadline_s, self._grace, watch=watch, limit_s=limit_s
-            )
+            replies, deaths, pending, timed_out = self._gather(seq, deadline_s, watch=watch, limit_s=limit_s)
         except BaseException:  # interrupted (KeyboardInterrupt...): ranks are mid-call
             self._replace()
             raise
@@ -376,9 +380,11 @@ class World:
         replies, deaths, pending, _ = self._gather(seq, _VERIFY_DEADLINE_S)
         return not deaths and not pending and all(isinstance(m, _protocol.Returned) for m in replies.values())
 
-    def _gather(self, seq: int, deadline_s: float) -> tuple[dict[int, Any], dict[int, str], set[int], bool]:
+    def _gather(
+        self, seq: int, deadline_s: float, *, watch: ProgressWatch | None = None, limit_s: float | None = None
+    ) -> tuple[dict[int, Any], dict[int, str], set[int], bool]:
         """Collect one answer per rank for call ``seq`` (see :func:`.calls.gather`)."""
-        return gather(self._ranks, seq, deadline_s, self._grace)
+        return gather(self._ranks, seq, deadline_s, self._grace, watch=watch, limit_s=limit_s)
 
     def _failures(self, replies: dict[int, Any], deaths: dict[int, str], pending: set[int]) -> dict[int, str]:
         failures: dict[int, str] = dict(deaths)
