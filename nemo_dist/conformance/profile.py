@@ -145,7 +145,12 @@ def hypothesis_settings(
     afterwards. No deadline, no ``too_slow`` health check, no ``explain``
     phase; ``max_examples`` when given (else the active profile's).
     ``derandomize`` makes every process draw the same examples (torchrun
-    mode; hypothesis then keeps no database).
+    mode; hypothesis then keeps no database). Without it the run is random,
+    drawn from its seed (:func:`seeded`), whatever the active profile says:
+    hypothesis loads a derandomized, database-less profile by itself when it
+    sees a CI environment variable, and a run inheriting that would draw the
+    same examples for every seed, so a failure's ``--seed`` would not
+    reproduce it anywhere else.
     """
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.database import DirectoryBasedExampleDatabase
@@ -162,9 +167,8 @@ def hypothesis_settings(
     # noise in a verdict table, extra time, and one more thing that could
     # differ between ranks under torchrun.
     changes["phases"] = [p for p in previous.phases if p is not Phase.explain]
-    if derandomize or previous.derandomize:
-        changes["derandomize"] = True  # implies no database
-    else:
+    changes["derandomize"] = derandomize  # True implies no database
+    if not derandomize:
         changes["database"] = None if database is None else DirectoryBasedExampleDatabase(database / "examples")
     with _hypothesis_home(database):
         settings.register_profile(_PROFILE, previous, **changes)

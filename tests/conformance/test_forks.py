@@ -22,21 +22,20 @@ only (with transformers installed); the reference's are in
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import Phase
 
 from nemo_dist.conformance import COMPONENTS, REFERENCE, Implementation, Report, format_report, load_checks, run_checks
 from nemo_dist.conformance import select_checks as select
 from nemo_dist.conformance.gather.checks import FIXED_IN_PLACE_EXAMPLE
 from nemo_dist.testing.plugin import WorldFactory
+from tests.conformance._profiles import changed_profile
 
 _FORK_FILES = sorted(
     p.stem for p in (Path(__file__).parents[1] / "forks").glob("*.py") if p.stem not in ("__init__",)
@@ -152,11 +151,12 @@ IN_PLACE_GRADIENT = {
     fork: {1: False, 2: True, 3: True, 4: True}
     for fork in ("broken_gather_mutates_grad", "broken_gather_reduces_grad_in_place")
 }
-#: Hypothesis settings the in-place check must catch them under: its own examples off, derandomized, random.
-HYPOTHESIS_VARIANTS: dict[str, dict[str, Any]] = {
-    "generation_off": {"phases": [Phase.explicit]},
-    "derandomized": {"derandomize": True},
-    "random": {"derandomize": False},
+#: Hypothesis settings and seed the in-place check must catch them under: its own examples off, a fixed
+#: seed, a fresh random one (a run is drawn from its seed whatever the active profile's derandomize says).
+HYPOTHESIS_VARIANTS: dict[str, tuple[dict[str, Any], int | None]] = {
+    "generation_off": ({"phases": [Phase.explicit]}, None),
+    "seed_0": ({}, 0),
+    "random": ({}, None),
 }
 
 _REPORTS: dict[str, tuple[Report, str]] = {}
@@ -278,20 +278,6 @@ def test_entry_point_casting_to_bfloat16_conforms_compared_in_its_dtype(fork: st
     assert "must have the same dtype" not in table
 
 
-@contextlib.contextmanager
-def _hypothesis(**changes: Any) -> Iterator[None]:
-    """The active hypothesis settings with ``changes``, restored afterwards."""
-    previous = settings.default
-    assert previous is not None
-    settings.register_profile("test_forks_variant", previous, **changes)
-    settings.load_profile("test_forks_variant")
-    try:
-        yield
-    finally:
-        settings.register_profile("test_forks_restore", previous)
-        settings.load_profile("test_forks_restore")
-
-
 @pytest.mark.parametrize("variant", list(HYPOTHESIS_VARIANTS))
 @pytest.mark.parametrize("fork", list(IN_PLACE_GRADIENT))
 def test_in_place_gradient_change_is_caught_at_every_world_size_whatever_hypothesis_draws(
@@ -300,8 +286,11 @@ def test_in_place_gradient_change_is_caught_at_every_world_size_whatever_hypothe
     """The in-place check fails at world sizes 2, 3 and 4 on its fixed first example, with one or no drawn example."""
     impl, components, _ = TARGETS[fork]
     checks = select(load_checks().values(), impl, "core", "inputs_and_grads_not_modified", components)
-    with _hypothesis(**HYPOTHESIS_VARIANTS[variant]):
-        report = run_checks(checks, impl, (1, 2, 3, 4), max_examples=1, worlds=world_factory, components=components)
+    changes, seed = HYPOTHESIS_VARIANTS[variant]
+    with changed_profile(**changes):
+        report = run_checks(
+            checks, impl, (1, 2, 3, 4), max_examples=1, worlds=world_factory, components=components, seed=seed
+        )
     table = format_report(report)
     failed = {v.world_size: v.failed for v in report.verdicts}
     assert failed == IN_PLACE_GRADIENT[fork], table

@@ -28,12 +28,13 @@ from tests.conformance._cli import ROOT, clean_env
 
 def _fail_on_one(database: Path | None) -> None:
     """Run a property that fails for n >= 1 under the conformance settings with ``database``."""
-
-    @given(st.integers(0, 10))
-    def prop(n: int) -> None:
-        assert n < 1
-
+    # Decorated inside: @given takes the settings active when it is applied, as the checks' own properties do.
     with hypothesis_settings(20, database=database), pytest.raises(AssertionError):
+
+        @given(st.integers(0, 10))
+        def prop(n: int) -> None:
+            assert n < 1
+
         prop()
 
 
@@ -41,15 +42,19 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
+@pytest.mark.parametrize("ci", ["", "true"], ids=["local", "ci-environment"])
 def test_failing_example_is_saved_under_the_given_directory_not_the_cwd(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ci: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With a directory, the failing example lands in its examples/ database; the cwd gets no .hypothesis."""
+    """With a directory, the failing example lands in its examples/ database; the cwd gets no .hypothesis.
+
+    Also with ``CI`` set: hypothesis then loads, on import, its own derandomized
+    profile without a database, which a conformance run must not inherit.
+    """
     cwd, db = tmp_path / "cwd", tmp_path / "db"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    # In a fresh interpreter: hypothesis state other tests of this process leave behind (a forced
-    # seed, a derandomized profile) would stop it saving any example.
+    # A fresh interpreter: hypothesis chooses its CI profile when it is imported.
     script = (
         "import sys\n"
         "from pathlib import Path\n"
@@ -57,6 +62,9 @@ def test_failing_example_is_saved_under_the_given_directory_not_the_cwd(
         "_fail_on_one(Path(sys.argv[1]))\n"
     )
     env = {**clean_env(), "PYTHONPATH": str(ROOT)}
+    env.pop("CI", None)
+    if ci:
+        env["CI"] = ci
     done = subprocess.run([sys.executable, "-c", script, str(db)], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from nemo_dist.conformance.deadlines import Deadlines, DeadlineWorld, StepHung
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
+from tests.conformance._profiles import changed_profile
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +104,19 @@ def test_each_distinct_hypothesis_failure_is_shown_with_its_example_message_and_
     assert "ValueError: odd number 1 on rank 1" in text
 
 
-def test_a_seed_makes_hypothesis_draw_the_same_examples() -> None:
-    """Two runs with one seed draw the same numbers; another seed draws others; the report records the seed."""
+@pytest.mark.parametrize("profile", [{}, {"derandomize": True, "database": None}], ids=["default", "derandomized"])
+def test_a_seed_makes_hypothesis_draw_the_same_examples(profile: dict[str, Any]) -> None:
+    """Two runs with one seed draw the same numbers; another seed draws others; the report records the seed.
+
+    Whatever the active profile: under hypothesis's own CI profile (derandomized)
+    a seed that changed nothing would make a failure's --seed reproduce nothing.
+    """
     runs = []
-    for seed in (11, 11, 12):
-        report = run_checks([fake.RECORDS_DRAWS], REFERENCE, (), max_examples=10, seed=seed)
-        assert (report.seed, report.verdicts[0].outcome) == (seed, "pass")
-        runs.append(list(fake.DRAWN))
+    with changed_profile(**profile):
+        for seed in (11, 11, 12):
+            report = run_checks([fake.RECORDS_DRAWS], REFERENCE, (), max_examples=10, seed=seed)
+            assert (report.seed, report.verdicts[0].outcome) == (seed, "pass")
+            runs.append(list(fake.DRAWN))
     assert len(runs[0]) == 10
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
