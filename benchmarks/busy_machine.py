@@ -49,9 +49,17 @@ class Target:
 def targets(world_sizes: str) -> list[Target]:
     """The bundled run, the upstream-faithful fork, each conforming gallery gather and the guard fork."""
     sizes = ("--world-sizes", world_sizes)
-    gallery = [
-        ("gallery_gather_layer_summed", "tests.forks.gallery_gather_layer_summed:GatherLayer"),
-        ("gallery_stacked_global_rank", "tests.forks.gallery_stacked_global_rank:AllGather"),
+    gallery: list[tuple[str, tuple[str, ...]]] = [
+        ("gallery_gather_layer_summed", ("tests.forks.gallery_gather_layer_summed:GatherLayer",)),
+        ("gallery_stacked_global_rank", ("tests.forks.gallery_stacked_global_rank:AllGather",)),
+        ("gallery_list_own_slot_is_input", ("tests.forks.gallery_list_own_slot_is_input:gather_list",)),
+        (
+            "gallery_gather_with_sizes",
+            (
+                "tests.forks.gallery_gather_with_sizes:gather_with_sizes",
+                "--gather-kwarg", "dim=0", "--gather-output", "0",
+            ),
+        ),
     ]
     return [
         Target("bundled", sizes),
@@ -64,7 +72,7 @@ def targets(world_sizes: str) -> list[Target]:
                 *sizes,
             ),
         ),
-        *(Target(name, ("--gather-fn", spec, *sizes)) for name, spec in gallery),
+        *(Target(name, ("--gather-fn", *call, *sizes)) for name, call in gallery),
         Target(
             "guard_hangs",
             (
