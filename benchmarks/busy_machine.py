@@ -13,9 +13,11 @@ every rank compiles torch's bytecode afresh):
   hangs (world size 3, extended tier: exit 0), which must still be HANG, its
   verdict in under 60 s.
 
-It prints, per target, the exit statuses, the HANG verdicts (with the
-seconds of each) and the wall time of each run, then PASS or FAIL against those expectations (exit
-status 1 on any FAIL). The figures in the README come from this script.
+It runs in rounds, every target once per round, and prints each run as it
+ends (exit status, HANG verdicts with their seconds, wall time, ok or not);
+at the end, per target, PASS or FAIL against those expectations (exit status
+1 on any FAIL, or on a target with fewer runs than asked). The figures in
+the README come from this script.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -153,14 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     print(f"{cores} cores, {args.busy_per_core * cores} busy-loop processes, {args.runs} runs per target, "
           f"world sizes {args.world_sizes}, cold bytecode cache each run", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the busy loops too
     busy = _busy_loops(args.busy_per_core * cores)
-    failed = False
+    runs: dict[str, list[Run]] = {t.name: [] for t in chosen}
     try:
-        for target in chosen:
-            runs: list[Run] = []
-            for i in range(args.runs):
+        # Round by round, every target once per round: a run cut short still has each target's runs so far.
+        for i in range(args.runs):
+            for target in chosen:
                 run, out = run_once(target, args.run_timeout)
-                runs.append(run)
+                runs[target.name].append(run)
                 if args.log_dir:
                     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
                     (Path(args.log_dir) / f"{target.name}-{i}.log").write_text(out)
@@ -168,20 +172,23 @@ def main(argv: list[str] | None = None) -> int:
                     f" (verdict {s:.0f} s, step judged after {w:.0f} s)"
                     for s, w in zip(run.hang_seconds, run.waited, strict=True)
                 )
-                print(f"  {target.name} run {i + 1}: exit {run.code}, {len(run.hang_seconds)} HANG{hung}, "
-                      f"{run.seconds:.0f} s", flush=True)
-            good = all(r.ok(target) for r in runs)
-            failed |= not good
-            codes = ",".join(str(r.code) for r in runs)
-            hangs = sum(len(r.hang_seconds) for r in runs)
-            slowest = max(r.seconds for r in runs)
-            print(f"{'PASS' if good else 'FAIL'} {target.name}: exit {codes}; {hangs} HANG in all; "
-                  f"slowest run {slowest:.0f} s", flush=True)
+                print(f"  round {i + 1}: {target.name}: exit {run.code}, {len(run.hang_seconds)} HANG{hung}, "
+                      f"{run.seconds:.0f} s, {'ok' if run.ok(target) else 'NOT OK'}", flush=True)
     finally:
         for proc in busy:
             proc.kill()
         for proc in busy:
             proc.wait()
+    failed = False
+    for target in chosen:
+        done = runs[target.name]
+        good = len(done) == args.runs and all(r.ok(target) for r in done)
+        failed |= not good
+        codes = ",".join(str(r.code) for r in done)
+        hangs = sum(len(r.hang_seconds) for r in done)
+        slowest = max((r.seconds for r in done), default=0.0)
+        print(f"{'PASS' if good else 'FAIL'} {target.name}: {len(done)} runs, exit {codes}; {hangs} HANG in all; "
+              f"slowest run {slowest:.0f} s", flush=True)
     return 1 if failed else 0
 
 
