@@ -148,11 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="runs per target (default 5)")
     p.add_argument("--busy-per-core", type=int, default=3, help="busy-loop processes per core (default 3)")
     p.add_argument("--world-sizes", default="1,2,3,4", help="world sizes of the non-guard runs (default 1,2,3,4)")
-    p.add_argument("--only", default="", help="comma-separated target names to run (default all)")
+    p.add_argument("--only", default="", help="targets to run, in this order each round (default all)")
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
     p.add_argument("--log-dir", default="", help="write each run's output there")
     args = p.parse_args(argv)
-    chosen = [t for t in targets(args.world_sizes) if not args.only or t.name in args.only.split(",")]
+    every = {t.name: t for t in targets(args.world_sizes)}
+    names = [n for n in args.only.split(",") if n] or list(every)
+    if unknown := [n for n in names if n not in every]:
+        p.error(f"--only: no target {', '.join(unknown)}; the targets are {', '.join(every)}")
+    chosen = [every[n] for n in names]
     cores = os.cpu_count() or 1
     print(f"{cores} cores, {args.busy_per_core * cores} busy-loop processes, {args.runs} runs per target, "
           f"world sizes {args.world_sizes}, cold bytecode cache each run", flush=True)
