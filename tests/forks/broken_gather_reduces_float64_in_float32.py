@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.forks import upstream_style_gather
 from tests.forks.upstream_style_gather import _active, all_gather_no_grad
 
 __all__ = ["all_gather_no_grad", "all_gather_with_grad"]
@@ -23,12 +24,8 @@ __all__ = ["all_gather_no_grad", "all_gather_with_grad"]
 def lossy_function(wide: torch.dtype, narrow: torch.dtype) -> type[torch.autograd.Function]:
     """An all-gather on dim 0 whose backward all-reduces ``wide`` gradients in ``narrow`` and keeps this rank's rows."""
 
-    class _AllGatherWithGrad(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-            dist.all_gather(parts, x.contiguous())
-            return tuple(parts)
+    class _LossyReduction(upstream_style_gather._AllGatherWithGrad):
+        """upstream_style_gather's Function (its forward), the backward reducing ``wide`` in ``narrow``."""
 
         @staticmethod
         def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
@@ -41,7 +38,7 @@ def lossy_function(wide: torch.dtype, narrow: torch.dtype) -> type[torch.autogra
                 dist.all_reduce(stacked)
             return stacked[dist.get_rank()]
 
-    return _AllGatherWithGrad
+    return _LossyReduction
 
 
 _AllGatherWithGrad = lossy_function(torch.float64, torch.float32)
