@@ -18,9 +18,11 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "NO_DATABASE",
+    "changed_profile",
     "default_hypothesis_dir",
     "hypothesis_settings",
     "new_seed",
@@ -56,10 +58,10 @@ def seeded(seed: int | None) -> Iterator[None]:
 
 _PROFILE = "nemo_dist_conformance"
 _RESTORE_PROFILE = "nemo_dist_conformance_restore"
-# One restore profile name per run: whoever later reloads the current profile by
-# name (a fixture restoring "the profile that was active") gets that run's
-# previous settings, not those of a later, nested run registered under the same name.
-_RESTORES = itertools.count()
+# Profile names of their own for each use: whoever later reloads the current
+# profile by name (a fixture restoring "the profile that was active") gets that
+# use's settings, not those of a later, nested use registered under the same name.
+_USES = itertools.count()
 
 #: The ``--hypothesis-db`` value that keeps no example database.
 NO_DATABASE = "none"
@@ -170,12 +172,22 @@ def hypothesis_settings(
     changes["derandomize"] = derandomize  # True implies no database
     if not derandomize:
         changes["database"] = None if database is None else DirectoryBasedExampleDatabase(database / "examples")
-    with _hypothesis_home(database):
-        settings.register_profile(_PROFILE, previous, **changes)
-        settings.load_profile(_PROFILE)
-        try:
-            yield
-        finally:
-            restore = f"{_RESTORE_PROFILE}_{next(_RESTORES)}"
-            settings.register_profile(restore, previous)
-            settings.load_profile(restore)
+    with _hypothesis_home(database), changed_profile(**changes):
+        yield
+
+
+@contextmanager
+def changed_profile(**changes: Any) -> Iterator[None]:
+    """Load the active hypothesis settings with ``changes`` for the body, then the previous settings again."""
+    from hypothesis import settings
+
+    previous = settings.default
+    assert previous is not None
+    number = next(_USES)
+    settings.register_profile(f"{_PROFILE}_{number}", previous, **changes)
+    settings.load_profile(f"{_PROFILE}_{number}")
+    try:
+        yield
+    finally:
+        settings.register_profile(f"{_RESTORE_PROFILE}_{number}", previous)
+        settings.load_profile(f"{_RESTORE_PROFILE}_{number}")

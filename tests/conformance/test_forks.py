@@ -34,8 +34,8 @@ from hypothesis import Phase
 from nemo_dist.conformance import COMPONENTS, REFERENCE, Implementation, Report, format_report, load_checks, run_checks
 from nemo_dist.conformance import select_checks as select
 from nemo_dist.conformance.gather.checks import FIXED_IN_PLACE_EXAMPLE
+from nemo_dist.conformance.profile import changed_profile
 from nemo_dist.testing.plugin import WorldFactory
-from tests.conformance._profiles import changed_profile
 
 _FORK_FILES = sorted(
     p.stem for p in (Path(__file__).parents[1] / "forks").glob("*.py") if p.stem not in ("__init__",)
