@@ -7,7 +7,8 @@
 # (default 470, under 8 minutes); a failing step does not stop the next:
 #   install                 the README's test install into $VENV (skipped with SKIP_INSTALL=1)
 #   host                    nvidia-smi and torch's CUDA/NCCL facts -> OUTDIR/host.txt
-#   gpu-tests               pytest -m gpu --dist-require-gpu -> OUTDIR/gpu-tests.{xml,log}
+#   gpu-tests               pytest -m gpu --dist-require-gpu --dist-max-gpus=<visible GPUs>
+#                           -> OUTDIR/gpu-tests.{xml,log} (worlds larger than the host skipped, named)
 #   conformance-reference   nemo-dist-conformance --backend nccl -> OUTDIR/conformance-reference.{xml,log}
 #   conformance-upstream    ... --preset nemo_automodel --tier core -> OUTDIR/conformance-upstream.{xml,log}
 #   benchmark               benchmarks/gather.py --backend nccl -> OUTDIR/bench-nccl.{json,log}
@@ -189,8 +190,12 @@ else
     else
         CONFORMANCE=("$PY" -m nemo_dist.conformance)
     fi
+    # Required: CUDA and every world that fits the visible GPUs; a larger world
+    # (8 ranks on a one-GPU host) is skipped, named, rather than failed.
     run_step gpu-tests 150 "$OUTDIR/gpu-tests.log" \
-        "$PY" -m pytest -m gpu --dist-require-gpu -ra --junitxml "$OUTDIR/gpu-tests.xml"
+        "$PY" -m pytest -m gpu --dist-require-gpu --dist-max-gpus "$GPU_COUNT" -ra \
+        --junitxml "$OUTDIR/gpu-tests.xml"
+    STEP_STATUS[-1]="${STEP_STATUS[-1]}; NCCL worlds of at most $GPU_COUNT ranks ($GPU_COUNT GPUs visible)"
     run_step conformance-reference 90 "$OUTDIR/conformance-reference.log" \
         "${CONFORMANCE[@]}" --backend nccl --junit-xml "$OUTDIR/conformance-reference.xml"
     run_step conformance-upstream 90 "$OUTDIR/conformance-upstream.log" \

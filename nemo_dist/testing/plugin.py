@@ -3,8 +3,8 @@
 Registered through the ``pytest11`` entry point ``nemo_dist``. It adds
 
 * options ``--dist-world-sizes=1,2,3,4`` (world sizes of ``dist_world`` tests),
-  ``--dist-timeout=SECONDS`` (default deadline of one ``World.run``) and
-  ``--dist-require-gpu`` (see below);
+  ``--dist-timeout=SECONDS`` (default deadline of one ``World.run``),
+  ``--dist-require-gpu`` and ``--dist-max-gpus=N`` (see below);
 * markers ``gpu`` (NCCL worlds on CUDA; skipped without enough GPUs) and
   ``world_sizes(*sizes)`` (restrict a test's world sizes);
 * fixtures ``world_factory`` (session: ``(size, backend="gloo") -> World``,
@@ -21,6 +21,10 @@ On a GPU host, ``--dist-require-gpu`` (or the environment variable
 whose GPUs are missing fails, naming what is missing ("CUDA is not available
 ...", "an NCCL world of 4 needs 4 GPUs, 1 visible"), instead of skipping, and a
 run that selected no ``gpu`` test at all exits non-zero (status 5) saying so.
+``--dist-max-gpus=N`` bounds what is required: a ``gpu`` test whose NCCL world
+needs more than N GPUs is skipped, naming the bound, even under
+``--dist-require-gpu``; so a host with fewer GPUs than the largest world (one
+H200) proves every world that fits it, and says which it left out.
 
 ``NEMO_DIST_FAKE_GPU_COUNT=N`` is a testing seam only: the plugin then takes N
 as the number of visible GPUs (0: no CUDA), so the harness's own tests can
@@ -48,6 +52,7 @@ _DEFAULT_TIMEOUT = "120"
 _SIZES_KEY = pytest.StashKey[tuple[int, ...]]()
 _TIMEOUT_KEY = pytest.StashKey[float]()
 _REQUIRE_GPU_KEY = pytest.StashKey[bool]()
+_MAX_GPUS_KEY = pytest.StashKey["int | None"]()
 _GPU_TESTS_KEY = pytest.StashKey[int]()  # gpu tests selected (summed over xdist workers)
 _NO_GPU_TEST_KEY = pytest.StashKey[str]()  # the message of a --dist-require-gpu run without gpu tests
 _REQUIRE_GPU_ENV = "NEMO_DIST_REQUIRE_GPU"
@@ -80,6 +85,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail (not skip) gpu tests whose CUDA or GPUs are missing, and fail a run that "
         f"selects no gpu test (also enabled by {_REQUIRE_GPU_ENV}=1)",
     )
+    group.addoption(
+        "--dist-max-gpus",
+        dest="dist_max_gpus",
+        default=None,
+        metavar="N",
+        help="use at most N GPUs: a gpu test whose NCCL world needs more is skipped, naming this bound, "
+        "even under --dist-require-gpu (default: no bound)",
+    )
 
 
 def _parse_sizes(text: str) -> tuple[int, ...]:
@@ -98,6 +111,17 @@ def _parse_timeout(text: str) -> float:
     except options.BadOptionValue as exc:
         raise pytest.UsageError(
             f"--dist-timeout expects a number of seconds > 0, such as --dist-timeout=120; got {exc.value!r}"
+        ) from None
+
+
+def _parse_max_gpus(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return options.parse_positive_int(text)
+    except options.BadOptionValue as exc:
+        raise pytest.UsageError(
+            f"--dist-max-gpus expects a number of GPUs >= 1, such as --dist-max-gpus=1; got {exc.value!r}"
         ) from None
 
 
@@ -149,6 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SIZES_KEY] = _parse_sizes(config.getoption("dist_world_sizes"))
     config.stash[_TIMEOUT_KEY] = _parse_timeout(config.getoption("dist_timeout"))
     config.stash[_REQUIRE_GPU_KEY] = _require_gpu_from_env() or bool(config.getoption("dist_require_gpu"))
+    config.stash[_MAX_GPUS_KEY] = _parse_max_gpus(config.getoption("dist_max_gpus"))
     if os.environ.get(gpus.FAKE_GPU_COUNT_ENV) is not None:
         _cuda_count()  # a malformed seam value stops the run here, not in a test
     _load_profile(config)
@@ -303,26 +328,36 @@ class WorldFactory:
 
     A World is started once per (size, backend) and reused by every later
     call; :meth:`close` closes them all. For backend "nccl" the call skips the
-    test when CUDA or ``size`` GPUs are missing (fails it with ``require_gpu``).
+    test when CUDA or ``size`` GPUs are missing (fails it with ``require_gpu``),
+    and skips it when ``size`` is above ``max_gpus`` (whatever ``require_gpu``)
+    once CUDA is there.
     """
 
-    def __init__(self, timeout: float, *, require_gpu: bool = False) -> None:
+    def __init__(self, timeout: float, *, require_gpu: bool = False, max_gpus: int | None = None) -> None:
         self._timeout = timeout
         self._require_gpu = require_gpu
+        self._max_gpus = max_gpus
         self._worlds: dict[tuple[int, str], World] = {}
 
     def __call__(self, size: int, backend: str = "gloo") -> World:
         """Return the session's World of ``size`` ranks on ``backend``."""
         from nemo_dist.testing._world import World
 
-        missing = _missing_gpus(size) if backend == "nccl" else None
-        if missing is not None:
-            _gpus_missing(missing, self._require_gpu)
+        if backend == "nccl":
+            self._check_gpus(size)
         key = (size, backend)
         world = self._worlds.get(key)
         if world is None or world.closed:
             world = self._worlds[key] = World(size, backend, self._timeout)
         return world
+
+    def _check_gpus(self, size: int) -> None:
+        """Skip or fail the test when an NCCL world of ``size`` cannot or may not run here."""
+        if _missing_gpus() is None and self._max_gpus is not None and size > self._max_gpus:
+            pytest.skip(f"gpu test: an NCCL world of {size} needs {size} GPUs, above --dist-max-gpus={self._max_gpus}")
+        missing = _missing_gpus(size)
+        if missing is not None:
+            _gpus_missing(missing, self._require_gpu)
 
     def close(self) -> None:
         """Close every World this factory started."""
@@ -334,7 +369,11 @@ class WorldFactory:
 @pytest.fixture(scope="session")
 def world_factory(pytestconfig: pytest.Config) -> Iterator[WorldFactory]:
     """Session-wide ``(size, backend="gloo") -> World`` factory, closed at session end."""
-    factory = WorldFactory(pytestconfig.stash[_TIMEOUT_KEY], require_gpu=pytestconfig.stash[_REQUIRE_GPU_KEY])
+    factory = WorldFactory(
+        pytestconfig.stash[_TIMEOUT_KEY],
+        require_gpu=pytestconfig.stash[_REQUIRE_GPU_KEY],
+        max_gpus=pytestconfig.stash[_MAX_GPUS_KEY],
+    )
     yield factory
     factory.close()
 

@@ -86,8 +86,9 @@ def test_dist_world_is_parametrized_by_selected_sizes(pytester: pytest.Pytester)
         (["--dist-world-sizes=0"], "*--dist-world-sizes expects*such as --dist-world-sizes=1,2,4*"),
         (["--dist-timeout=soon"], "*--dist-timeout expects a number of seconds > 0*got 'soon'*"),
         (["--dist-timeout=-3"], "*--dist-timeout expects a number of seconds > 0*"),
+        (["--dist-max-gpus=0"], "*--dist-max-gpus expects a number of GPUs >= 1*got '0'*"),
     ],
-    ids=["sizes-not-int", "sizes-zero", "timeout-not-number", "timeout-negative"],
+    ids=["sizes-not-int", "sizes-zero", "timeout-not-number", "timeout-negative", "max-gpus-zero"],
 )
 def test_malformed_option_is_a_usage_error(pytester: pytest.Pytester, args: list[str], message: str) -> None:
     """A malformed --dist-* option stops pytest with a UsageError saying the fix."""
@@ -310,6 +311,34 @@ def test_an_nccl_world_larger_than_the_visible_gpus(
     no_gpu_switch.setenv("NEMO_DIST_FAKE_GPU_COUNT", "1")
     pytester.makepyfile(test_two=_TWO_GPU_FILE)
     result = pytester.runpytest("-rs", *args)
+    result.assert_outcomes(**outcomes)
+    result.stdout.fnmatch_lines([line])
+
+
+_ABOVE_THE_BOUND = "SKIPPED *gpu test: an NCCL world of 2 needs 2 GPUs, above --dist-max-gpus=1"
+
+
+@pytest.mark.usefixtures("keep_hypothesis_profile")
+@pytest.mark.parametrize(
+    ("visible", "outcomes", "line"),
+    [
+        ("1", {"skipped": 1}, _ABOVE_THE_BOUND),
+        ("4", {"skipped": 1}, _ABOVE_THE_BOUND),
+        ("0", {"errors": 1}, _CUDA_REQUIRED),
+    ],
+    ids=["one-visible", "four-visible", "no-cuda-still-fails"],
+)
+def test_max_gpus_skips_larger_nccl_worlds_even_under_the_switch(
+    pytester: pytest.Pytester,
+    no_gpu_switch: pytest.MonkeyPatch,
+    visible: str,
+    outcomes: dict[str, int],
+    line: str,
+) -> None:
+    """--dist-max-gpus=1 skips a world of 2, naming the bound, under --dist-require-gpu; missing CUDA still fails."""
+    no_gpu_switch.setenv("NEMO_DIST_FAKE_GPU_COUNT", visible)
+    pytester.makepyfile(test_two=_TWO_GPU_FILE)
+    result = pytester.runpytest("-rs", "--dist-require-gpu", "--dist-max-gpus=1")
     result.assert_outcomes(**outcomes)
     result.stdout.fnmatch_lines([line])
 
