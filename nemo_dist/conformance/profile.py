@@ -41,20 +41,47 @@ def new_seed() -> int:
 def seeded(seed: int | None) -> Iterator[None]:
     """Every hypothesis test run in the body draws from ``Random(seed)`` (None: leave hypothesis as it is).
 
-    This is the hook hypothesis's own ``pytest --hypothesis-seed`` sets: a
-    check run alone with the same seed draws the same examples, so it finds
-    and shrinks to the same failure. ``derandomize`` (torchrun) takes
+    A check run alone with the same seed draws the same examples, so it finds
+    and shrinks to the same failure; the example database stays in use (a
+    failing example is saved, and replayed first by the next run that has
+    the database). ``derandomize`` (torchrun) and a test's own ``@seed`` take
     precedence over it.
     """
     from hypothesis import core
 
+    if seed is None:
+        yield
+        return
     previous = core.global_force_seed
-    if seed is not None:
+    current: Any = getattr(core, "get_random_for_wrapped_test", None)
+    draw = getattr(current, "__wrapped__", current)  # nested: the innermost seed is the one drawn from
+    if draw is None:  # a hypothesis without the hook: seeded all the same, without the database
         core.global_force_seed = seed  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            core.global_force_seed = previous
+        return
+
+    # hypothesis's own forced seed (``pytest --hypothesis-seed``) also turns the
+    # example database off. So the seed is forced only while a test draws its
+    # Random (hypothesis's precedence kept: a test's @seed, derandomize, then it).
+    def seeded_random(test: Any, wrapped_test: Any) -> Any:
+        core.global_force_seed = seed  # type: ignore[assignment]
+        try:
+            return draw(test, wrapped_test)
+        finally:
+            core.global_force_seed = None
+
+    seeded_random.__wrapped__ = draw  # type: ignore[attr-defined]
+    core.global_force_seed = None
+    core.get_random_for_wrapped_test = seeded_random
     try:
         yield
     finally:
+        core.get_random_for_wrapped_test = current
         core.global_force_seed = previous
+
 
 _PROFILE = "nemo_dist_conformance"
 _RESTORE_PROFILE = "nemo_dist_conformance_restore"

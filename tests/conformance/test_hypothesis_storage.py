@@ -13,30 +13,44 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, core, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from nemo_dist.conformance.profile import (
+    changed_profile,
     default_hypothesis_dir,
     hypothesis_settings,
     parse_hypothesis_db,
     resolve_hypothesis_db,
+    seeded,
 )
 from tests.conformance._cli import ROOT, clean_env
 
 
-def _fail_on_one(database: Path | None) -> None:
-    """Run a property that fails for n >= 1 under the conformance settings with ``database``."""
+def _fail_on_one(database: Path | None, seed: int = 7, *, reuse_only: bool = False) -> list[int]:
+    """Run a property that fails for n >= 1 as a conformance run does (settings with ``database``, ``seed``).
+
+    Returns the examples it was called with. ``reuse_only``: hypothesis only
+    replays its database (no example of its own), so the property is called
+    only with what an earlier run saved there.
+    """
+    seen: list[int] = []
+    phases = {"phases": [Phase.reuse]} if reuse_only else {}
     # Decorated inside: @given takes the settings active when it is applied, as the checks' own properties do.
-    with hypothesis_settings(20, database=database):
+    with hypothesis_settings(20, database=database), seeded(seed), changed_profile(**phases):
 
         @given(st.integers(0, 10))
         def prop(n: int) -> None:
+            seen.append(n)
             assert n < 1
 
-        with pytest.raises(AssertionError):
+        if reuse_only and database is None:
             prop()
+        else:
+            with pytest.raises(AssertionError):
+                prop()
+    return seen
 
 
 def _files(directory: Path) -> list[Path]:
@@ -71,6 +85,44 @@ def test_failing_example_is_saved_under_the_given_directory_not_the_cwd(
     assert done.returncode == 0, done.stderr
     assert _files(db / "examples"), list(db.rglob("*"))
     assert list(cwd.iterdir()) == []
+
+
+def test_a_seeded_run_replays_the_failing_example_an_earlier_run_saved(tmp_path: Path) -> None:
+    """The database works under a seed: a second run, with another seed and only replay, fails on the saved n=1.
+
+    Hypothesis's own forced seed (``--hypothesis-seed``) turns the database
+    off; a conformance run is always seeded, and must keep it.
+    """
+    first = _fail_on_one(tmp_path, seed=7)
+    assert 1 in first
+    assert _files(tmp_path / "examples")
+    assert set(_fail_on_one(tmp_path, seed=8, reuse_only=True)) == {1}
+
+
+def test_seeded_draws_from_the_innermost_seed_and_restores_hypothesis(tmp_path: Path) -> None:
+    """Nested seeds: the inner one is drawn from; after both, hypothesis's hook and forced seed are as before."""
+    hook, forced = core.get_random_for_wrapped_test, core.global_force_seed
+
+    def draws() -> list[int]:
+        seen: list[int] = []
+        with changed_profile(max_examples=5, database=None, derandomize=False):
+
+            @given(st.integers(0, 2**30))
+            def prop(n: int) -> None:
+                seen.append(n)
+
+            prop()
+        return seen
+
+    with seeded(1):
+        outer = draws()
+        with seeded(2):
+            inner = draws()
+        assert draws() == outer
+    with seeded(2):
+        assert draws() == inner
+    assert inner != outer
+    assert (core.get_random_for_wrapped_test, core.global_force_seed) == (hook, forced)
 
 
 def test_no_database_keeps_no_example_and_writes_nothing_in_the_cwd(
