@@ -374,7 +374,22 @@ def _run_in_torchrun(
         return 2
     if args.world_sizes != ",".join(map(str, DEFAULT_WORLD_SIZES)):
         report = report.with_notes("--world-sizes is ignored under torchrun: the world is torchrun's")
+    report = dataclasses.replace(report, command=_torchrun_command(args), command_sets_world=True)
     return _emit(report, args) if rank == 0 else report.exit_code(args.strict)
+
+
+def _torchrun_command(args: argparse.Namespace) -> str:
+    """The torchrun launch of this run's world (one node: ``--standalone``) with its options, as a Reproduce prefix.
+
+    Several nodes also need the user's rendezvous options, which a rank does
+    not know: the line then names ``--nnodes`` and leaves those to the user.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    nodes = max(1, world // max(1, local))
+    launch = ["torchrun", "--standalone" if nodes == 1 else f"--nnodes {nodes}", f"--nproc-per-node {local}"]
+    options = reproduce_command(args).removeprefix("nemo-dist-conformance")
+    return " ".join(launch) + " -m nemo_dist.conformance" + options
 
 
 def _main_torchrun(args: argparse.Namespace) -> int:

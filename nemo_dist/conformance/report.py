@@ -138,11 +138,15 @@ def _table(report: Report, strict: bool) -> list[str]:
 
 
 def reproduce_line(report: Report, v: Verdict) -> str:
-    """The command that runs ``v``'s check alone, in its world size, with the run's seed ("" without a command)."""
+    """The command that runs ``v``'s check alone, in its world size, with the run's seed ("" without a command).
+
+    Under torchrun (unseeded: derandomized, the same examples on every run)
+    the world is the launcher's, so the line names no world size or seed.
+    """
     if not report.command:
         return ""
     parts = [report.command, "--check", shlex.quote(v.check)]
-    if v.world_size:
+    if v.world_size and not report.command_sets_world:
         parts += ["--world-sizes", str(v.world_size)]
     if report.seed is not None:
         parts += ["--seed", str(report.seed)]

@@ -80,6 +80,8 @@ class Report:
     seed: int | None = None
     #: The command that ran it, less its check selection, world sizes and seed ("": not run from a command).
     command: str = ""
+    #: Whether ``command`` fixes the world itself (torchrun's ``--nproc-per-node``): no ``--world-sizes`` added.
+    command_sets_world: bool = False
 
     def count(self, outcome: Outcome) -> int:
         """Number of verdicts with ``outcome``."""

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ROOT", "clean_env", "run_command", "run_torchrun"]
+__all__ = ["ROOT", "clean_env", "failure_section", "run_command", "run_torchrun"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,6 +17,13 @@ def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.pop("PYTEST_ADDOPTS", None)
     return env
+
+
+def failure_section(stdout: str) -> list[str]:
+    """The lines of the report's Failures section up to its summary line (times left out: they vary)."""
+    lines = stdout.splitlines()
+    start = lines.index("Failures")
+    return [line for line in lines[start:] if not line.endswith("-> DOES NOT CONFORM (exit 1)")]
 
 
 def run_command(

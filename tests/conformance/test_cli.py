@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nemo_dist.conformance.cli import main
-from tests.conformance._cli import run_command
+from tests.conformance._cli import failure_section, run_command
 
 QUICK = ("--world-sizes", "2", "--max-examples", "3", "-q")
 
@@ -72,13 +72,6 @@ def test_gather_fn_checks_a_bare_callable_and_names_the_likely_cause() -> None:
     assert "Likely cause: no cross-rank sum (each rank keeps only its own loss's gradient)" in result.stdout
 
 
-def _failure_section(stdout: str) -> list[str]:
-    """The lines of the report's Failures section up to its summary line (times left out: they vary)."""
-    lines = stdout.splitlines()
-    start = lines.index("Failures")
-    return [line for line in lines[start:] if not line.endswith("-> DOES NOT CONFORM (exit 1)")]
-
-
 def test_each_failure_prints_a_line_that_reproduces_it_alone() -> None:
     """The Reproduce line (the check by exact name, its world size, the run's seed) re-runs it: the same failure."""
     result = run_command(
@@ -93,9 +86,9 @@ def test_each_failure_prints_a_line_that_reproduces_it_alone() -> None:
     assert line.startswith(prefix + "--check gather.backward_sums_rank_slices --world-sizes 3 --seed "), line
     again = run_command(*shlex.split(line)[1:], "-q")
     assert again.returncode == 1, again.stdout + again.stderr
-    wanted = _failure_section(result.stdout)
+    wanted = failure_section(result.stdout)
     wanted = wanted[wanted.index("--- gather.backward_sums_rank_slices (world size 3, core tier) ---") :]
-    assert _failure_section(again.stdout) == ["Failures", "========", *wanted], again.stdout
+    assert failure_section(again.stdout) == ["Failures", "========", *wanted], again.stdout
 
 
 def test_unimportable_module_is_a_usage_error_naming_it() -> None:

@@ -6,7 +6,12 @@ same status.
 
 from __future__ import annotations
 
-from tests.conformance._cli import run_torchrun
+import shlex
+
+import pytest
+
+from nemo_dist.conformance import cli
+from tests.conformance._cli import failure_section, run_torchrun
 
 
 def test_reference_passes_in_a_torchrun_world_and_rank_zero_prints_once() -> None:
@@ -31,3 +36,38 @@ def test_broken_fork_fails_in_a_torchrun_world() -> None:
     assert result.stdout.count("nemo_dist conformance:") == 1
     assert " FAIL " in result.stdout
     assert "Failing test case" in result.stdout
+
+
+def test_a_failure_under_torchrun_prints_the_torchrun_line_that_reproduces_it() -> None:
+    """The Reproduce line is torchrun's launch of this world with the check alone: re-run, the same failure."""
+    result = run_torchrun(
+        3, "--gather", "tests.forks.broken_gather_forward_drops_last_rank", "--max-examples", "3",
+        "--tier", "core", "-k", "forward_matches_cat", "-q",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    (line,) = [x.removeprefix("Reproduce: ") for x in result.stdout.splitlines() if x.startswith("Reproduce: ")]
+    assert line == (
+        "torchrun --standalone --nproc-per-node 3 -m nemo_dist.conformance "
+        "--gather tests.forks.broken_gather_forward_drops_last_rank --tier core --max-examples 3 "
+        "--check gather.forward_matches_cat"
+    ), result.stdout
+    launch, command = shlex.split(line)[:6], shlex.split(line)[6:]
+    assert launch == ["torchrun", "--standalone", "--nproc-per-node", "3", "-m", "nemo_dist.conformance"]
+    again = run_torchrun(3, *command, "-q")
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert failure_section(again.stdout) == failure_section(result.stdout), again.stdout
+
+
+@pytest.mark.parametrize(
+    ("world", "local", "launch"),
+    [("4", "4", "torchrun --standalone --nproc-per-node 4"), ("8", "4", "torchrun --nnodes 2 --nproc-per-node 4")],
+    ids=["one-node", "two-nodes"],
+)
+def test_the_torchrun_reproduce_prefix_names_the_launch_of_this_world(
+    world: str, local: str, launch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One node: --standalone with the ranks per node; several: --nnodes too (their rendezvous is the user's)."""
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    args = cli._parser().parse_args(["--tier", "core", "--max-examples", "3"])
+    assert cli._torchrun_command(args) == f"{launch} -m nemo_dist.conformance --tier core --max-examples 3"
