@@ -57,10 +57,24 @@ def test_random_rank_tensors_have_full_mantissas_and_differ_per_rank(data: st.Da
 
 
 @given(data=st.data())
-def test_random_values_need_a_float_dtype(data: st.DataObject) -> None:
-    """values="random" with an integer dtype is a ValueError naming the dtype."""
-    with pytest.raises(ValueError, match=r"values=.random. needs a float dtype, got torch\.int64"):
-        data.draw(ds.rank_tensors(1, (2,), torch.int64, values="random"))
+def test_float_rank_tensors_are_multiples_of_1_1024_within_4(data: st.DataObject) -> None:
+    """values="floats": every value a multiple of 1/1024 in [-4, 4] (exact in float64), in the asked dtype."""
+    shape = data.draw(ds.shapes())
+    dtype = data.draw(ds.float_dtypes())
+    tensors = data.draw(ds.rank_tensors(2, shape, dtype, values="floats"))
+    for t in tensors:
+        assert t.dtype == dtype
+        scaled = t.double() * 1024
+        assert torch.equal(scaled, scaled.round())
+        assert bool((t.double().abs() <= 4).all())
+
+
+@pytest.mark.parametrize("values", ["random", "floats", "bits"])
+@given(data=st.data())
+def test_non_integer_values_need_a_float_dtype(values: ds.Values, data: st.DataObject) -> None:
+    """values="random", "floats" or "bits" with an integer dtype is a ValueError naming the kind and the dtype."""
+    with pytest.raises(ValueError, match=rf"values=.{values}. needs a float dtype, got torch\.int64"):
+        data.draw(ds.rank_tensors(1, (2,), torch.int64, values=values))
 
 
 def test_apply_layout_rejects_layout_that_does_not_apply() -> None:
