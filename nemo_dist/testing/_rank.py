@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from typing import IO, Any
 
 from nemo_dist.testing._protocol import CALL, Init, Raised, RankWarning, Ready, Returned
+from nemo_dist.testing._stack_sampler import block_probe_signal, start_stack_sampler
 
 _PR_SET_PDEATHSIG = 1
 
@@ -140,6 +141,7 @@ def _leave() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Serve calls from the parent until told to exit; return the exit status."""
     args = sys.argv[1:] if argv is None else argv
+    block_probe_signal()  # before any thread exists: only the stack sampler may take a probe
     conn = Connection(int(args[0]))
     try:
         init: Init = conn.recv()
@@ -154,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     if init.sample_file:
         # Progress probes: the parent asks for a dump while a call outlives its
         # deadline, to tell a blocked rank from a busy one (see progress.py).
+        # Not faulthandler's: its dump, written in the signal handler, can crash
+        # the rank (see _stack_sampler).
         sample_file: IO[str] = open(init.sample_file, "a")  # noqa: SIM115 - lives as long as the process
-        faulthandler.register(signal.SIGUSR1, file=sample_file, all_threads=True, chain=False)
+        start_stack_sampler(sample_file)
     _set_path(init.sys_path)
     try:
         _join(init)

@@ -4,11 +4,12 @@ A call that outlives its deadline is not necessarily hung: on a busy machine a
 rank may still be importing, compiling bytecode or computing. A
 :class:`ProgressWatch` tells the two apart without stopping the ranks. Each
 probe reads every unfinished rank's state and CPU time (``/proc``) and its stack dump
-(requested with ``SIGUSR1``, which the rank's faulthandler answers into its
-sample file, even when the rank is blocked in C code), then asks for the next
-dump. A rank is *blocked* when, over one interval, it slept, its dump did not
-change and it used (almost) no CPU: it waits in a collective or a receive. A
-call is judged hung only when every unfinished rank is blocked. This module
+(requested with ``SIGUSR1``, which a sampler thread of the rank answers into
+its sample file, holding the GIL: see ``_stack_sampler``; a rank blocked in C
+code has released it), then asks for the next dump. A rank is *blocked*
+when, over one interval, it slept, its dump did not change and it used
+(almost) no CPU: it waits in a collective or a receive. A call is judged
+hung only when every unfinished rank is blocked. This module
 imports no torch.
 """
 
@@ -63,8 +64,8 @@ def request_dump(r: RankProcess) -> int | None:
     """Ask rank ``r`` for a stack dump into its sample file; return the file's size before it.
 
     The dump (every thread, innermost frame first) is appended by the rank's
-    faulthandler. None when the rank has no sample file (nothing is sent:
-    SIGUSR1 would end a process that does not handle it) or has exited.
+    stack sampler thread. None when the rank has no sample file (nothing is sent) or
+    has exited.
     """
     if r.sample_path is None or r.proc.poll() is not None:
         return None
@@ -136,9 +137,7 @@ class ProgressWatch:
                 blocked.append(rank)
         if working:
             # The next dumps, read at the next probe. None is requested once the
-            # ranks are judged blocked: the timeout's SIGTERM dump follows at
-            # once, and faulthandler skips a dump that starts while another is
-            # being written, which would leave the report without a stack.
+            # ranks are judged blocked: the timeout's SIGTERM dump follows at once.
             for rank in pending:
                 self._offsets[rank] = request_dump(self._ranks[rank])
             return True

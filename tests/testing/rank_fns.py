@@ -160,3 +160,36 @@ def wait_for_busy_rank(busy_rank: int, seconds: float) -> int:
         compute_for(seconds)
     dist.barrier()
     return dist.get_rank()
+
+
+def churn_threads(seconds: float) -> int:
+    """Start and join short-lived threads, from three threads at once, for ``seconds``; return the thread count.
+
+    The pattern (threads coming and going while Python frames change) under
+    which a stack dump written from inside a signal handler, as faulthandler
+    writes one, reads freed frames and crashes the process.
+    """
+    import threading
+    import time
+
+    def depth(n: int) -> int:
+        return 0 if n == 0 else depth(n - 1) + 1
+
+    started = [0]
+    end = time.monotonic() + seconds
+
+    def churn() -> None:
+        while time.monotonic() < end:
+            thread = threading.Thread(target=depth, args=(50,))
+            thread.start()
+            thread.join()
+            started[0] += 1
+
+    workers = [threading.Thread(target=churn) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    while time.monotonic() < end:
+        depth(200)
+    for worker in workers:
+        worker.join()
+    return started[0]

@@ -1,15 +1,19 @@
 """Harness layer 1 (real gloo worlds): a call past its deadline is hung only when its ranks are blocked.
 
 ``World.run_patiently`` probes the unfinished ranks once a second after the
-deadline (stack dumps on SIGUSR1, CPU time and state from ``/proc``). These
-tests plant a rank that computes past the deadline (slow, not stuck), one
-blocked in a barrier nobody joins (stuck) and one that computes past the
-limit, and check what each call reports and how soon.
+deadline (stack dumps on SIGUSR1, written by a sampler thread of the rank;
+CPU time and state from ``/proc``). These tests plant a rank that computes
+past the deadline (slow, not stuck), one blocked in a barrier nobody joins
+(stuck) and one that computes past the limit, and check what each call
+reports and how soon; and that probes never crash a rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -73,6 +77,38 @@ def test_limit_below_the_deadline_is_rejected(world2: World) -> None:
     """run_patiently names the bad limit instead of starting a call."""
     with pytest.raises(ValueError, match=r"limit_s must be >= deadline_s \(2 s\), got 1"):
         world2.run_patiently(2, 1, rank_fns.identity)
+
+
+def test_stack_probes_never_crash_a_rank_whose_threads_come_and_go(world2: World) -> None:
+    """Hundreds of probes (SIGUSR1) a second while a rank churns threads: the call returns, no rank replaced.
+
+    A dump written inside the signal handler (faulthandler's) crashed such a
+    rank with SIGSEGV within a few dozen probes.
+    """
+    world2.run(rank_fns.identity)  # ranks up (an earlier test's timeout replaces them lazily)
+    pids = world2.pids
+    assert len(pids) == 2
+    sent = [0]
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):  # a crashed rank: the call reports it
+                    os.kill(pid, signal.SIGUSR1)
+            sent[0] += 1
+            stop.wait(0.002)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        started = world2.run(rank_fns.churn_threads, 3.0)
+    finally:
+        stop.set()
+        prober.join()
+    assert sent[0] > 100
+    assert all(n > 0 for n in started), started
+    assert world2.pids == pids
 
 
 def test_proc_stat_reads_this_process() -> None:
