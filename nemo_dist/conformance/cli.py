@@ -164,12 +164,12 @@ def _parser() -> argparse.ArgumentParser:
 _NOT_REPEATED = ("select", "check", "world_sizes", "seed", "junit_xml", "quiet")
 
 
-def reproduce_command(args: argparse.Namespace) -> str:
-    """The command line of ``args`` without the options a Reproduce line sets itself (check, sizes, seed, output).
+def reproduce_command(args: argparse.Namespace, program: str = "nemo-dist-conformance") -> str:
+    """``program`` and the options of ``args`` but those a Reproduce line sets itself (check, sizes, seed, output).
 
     Options are written in their long form, only where they differ from the default.
     """
-    parts = ["nemo-dist-conformance"]
+    parts = [program]
     for action in _parser()._actions:
         if not action.option_strings or action.dest in _NOT_REPEATED or action.dest == "help":
             continue
@@ -388,8 +388,7 @@ def _torchrun_command(args: argparse.Namespace) -> str:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     nodes = max(1, world // max(1, local))
     launch = ["torchrun", "--standalone" if nodes == 1 else f"--nnodes {nodes}", f"--nproc-per-node {local}"]
-    options = reproduce_command(args).removeprefix("nemo-dist-conformance")
-    return " ".join(launch) + " -m nemo_dist.conformance" + options
+    return reproduce_command(args, " ".join([*launch, "-m nemo_dist.conformance"]))
 
 
 def _main_torchrun(args: argparse.Namespace) -> int:

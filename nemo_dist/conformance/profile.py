@@ -57,29 +57,25 @@ def seeded(seed: int | None) -> Iterator[None]:
     draw = getattr(current, "__wrapped__", current)  # nested: the innermost seed is the one drawn from
     if draw is None:  # a hypothesis without the hook: seeded all the same, without the database
         core.global_force_seed = seed  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            core.global_force_seed = previous
-        return
+    else:
+        # hypothesis's own forced seed (``pytest --hypothesis-seed``) also turns
+        # the example database off. So the seed is forced only while a test draws
+        # its Random (hypothesis's precedence kept: a test's @seed, derandomize, then it).
+        def seeded_random(test: Any, wrapped_test: Any) -> Any:
+            core.global_force_seed = seed  # type: ignore[assignment]
+            try:
+                return draw(test, wrapped_test)
+            finally:
+                core.global_force_seed = None
 
-    # hypothesis's own forced seed (``pytest --hypothesis-seed``) also turns the
-    # example database off. So the seed is forced only while a test draws its
-    # Random (hypothesis's precedence kept: a test's @seed, derandomize, then it).
-    def seeded_random(test: Any, wrapped_test: Any) -> Any:
-        core.global_force_seed = seed  # type: ignore[assignment]
-        try:
-            return draw(test, wrapped_test)
-        finally:
-            core.global_force_seed = None
-
-    seeded_random.__wrapped__ = draw  # type: ignore[attr-defined]
-    core.global_force_seed = None
-    core.get_random_for_wrapped_test = seeded_random
+        seeded_random.__wrapped__ = draw  # type: ignore[attr-defined]
+        core.global_force_seed = None
+        core.get_random_for_wrapped_test = seeded_random
     try:
         yield
     finally:
-        core.get_random_for_wrapped_test = current
+        if draw is not None:
+            core.get_random_for_wrapped_test = current
         core.global_force_seed = previous
 
 

@@ -51,7 +51,8 @@ def test_a_failure_under_torchrun_prints_the_torchrun_line_that_reproduces_it() 
         "--gather tests.forks.broken_gather_forward_drops_last_rank --tier core --max-examples 3 "
         "--check gather.forward_matches_cat"
     ), result.stdout
-    launch, command = shlex.split(line)[:6], shlex.split(line)[6:]
+    words = shlex.split(line)
+    launch, command = words[:6], words[6:]
     assert launch == ["torchrun", "--standalone", "--nproc-per-node", "3", "-m", "nemo_dist.conformance"]
     again = run_torchrun(3, *command, "-q")
     assert again.returncode == 1, again.stdout + again.stderr
