@@ -16,10 +16,10 @@ imports no torch.
 from __future__ import annotations
 
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_dist.testing._stack_sampler import PROBE_SIGNAL
 from nemo_dist.testing.processes import RankProcess
 
 __all__ = ["PROBE_INTERVAL_S", "ProcStat", "ProgressWatch", "proc_stat", "request_dump"]
@@ -74,7 +74,7 @@ def request_dump(r: RankProcess) -> int | None:
     except OSError:
         offset = 0
     try:
-        r.proc.send_signal(signal.SIGUSR1)
+        r.proc.send_signal(PROBE_SIGNAL)
     except OSError:  # pragma: no cover - exited between poll and send
         return None
     return offset
@@ -84,12 +84,9 @@ def _read_from(path: Path, offset: int) -> str:
     try:
         with path.open("rb") as f:
             f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
+            return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    # The thread that took the signal is marked "Current thread"; which one
-    # takes it varies between dumps and says nothing about progress.
-    return text.replace("Current thread ", "Thread ")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from nemo_dist.testing import World, WorldTimeout
+from nemo_dist.testing._stack_sampler import PROBE_SIGNAL
 from nemo_dist.testing.progress import PROBE_INTERVAL_S, proc_stat
 from tests.testing import rank_fns
 
@@ -95,7 +95,7 @@ def test_stack_probes_never_crash_a_rank_whose_threads_come_and_go(world2: World
         while not stop.is_set():
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):  # a crashed rank: the call reports it
-                    os.kill(pid, signal.SIGUSR1)
+                    os.kill(pid, PROBE_SIGNAL)
             sent[0] += 1
             stop.wait(0.002)
 
