@@ -1,4 +1,19 @@
-"""Shared pytest configuration of the nemo_dist suite (keep it minimal)."""
+"""Shared pytest configuration of the nemo_dist suite (keep it minimal).
+
+Two options of the project's own suite (the ``nemo_dist`` plugin's options,
+``--dist-*``, serve any suite):
+
+* ``--require-targets`` (or ``NEMO_DIST_REQUIRE_TARGETS=1``): a test whose
+  transformers or nemo_automodel is not importable fails, naming the import
+  error, instead of skipping (:mod:`tests.targets`). The README's test
+  command and CI set it.
+* ``--thorough``: also run the tests marked ``thorough``, the exhaustive
+  matrix the gate leaves out because another test in the gate already proves
+  the same property more cheaply (the reference's ddp checks through both
+  entry points, real models at every world size). Without it they are
+  deselected, and counted as such. The scheduled CI job and ``tox -e
+  thorough`` run them.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +21,46 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import targets
+
 pytest_plugins = ["pytester"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--require-targets`` and ``--thorough``."""
+    parser.addoption(
+        targets.OPTION,
+        dest="require_targets",
+        action="store_true",
+        default=False,
+        help="fail (not skip) tests whose transformers or nemo_automodel is not importable "
+        f"(also enabled by {targets.REQUIRE_ENV}=1)",
+    )
+    parser.addoption(
+        "--thorough",
+        action="store_true",
+        default=False,
+        help="also run the tests marked thorough (the exhaustive matrix the gate leaves out)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the ``thorough`` marker; read the targets switch."""
+    config.addinivalue_line(
+        "markers",
+        "thorough: the exhaustive matrix, deselected unless --thorough (the gate proves each property more cheaply)",
+    )
+    targets.configure(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the ``thorough`` tests unless ``--thorough`` was given."""
+    if config.getoption("thorough"):
+        return
+    kept = [item for item in items if item.get_closest_marker("thorough") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("thorough")])
+        items[:] = kept
 
 
 @pytest.fixture(scope="session", autouse=True)

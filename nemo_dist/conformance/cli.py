@@ -2,7 +2,8 @@
 
 Exit status: 0 when every core check passes (``--strict``: every check run
 passes), 1 when one fails, 2 on a usage error. Run under ``torchrun`` it
-checks inside the torchrun world instead of starting its own worlds.
+checks inside the torchrun world instead of starting its own worlds. The
+options and the parsing of their values are :mod:`nemo_dist.conformance.arguments`.
 """
 
 from __future__ import annotations
@@ -10,194 +11,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from nemo_dist.conformance import load_checks
-from nemo_dist.conformance.deadlines import FLOOR_S
-from nemo_dist.conformance.profile import NO_DATABASE, resolve_hypothesis_db
+from nemo_dist.conformance import arguments, load_checks
+from nemo_dist.conformance.arguments import DEFAULT_WORLD_SIZES, UsageError, option_name, reproduce_command
 from nemo_dist.conformance.registry import TIERS, Check, select_checks
 from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_checks
-from nemo_dist.conformance.target import (
-    GATHER_FORMS,
-    PRESETS,
-    Implementation,
-    OptionError,
-    resolve_implementation,
-    validate_implementation,
-)
+from nemo_dist.conformance.target import Implementation, OptionError, resolve_implementation, validate_implementation
 from nemo_dist.conformance.verdicts import Report, Verdict
 from nemo_dist.testing import gpus, options
 
-__all__ = [
-    "DEFAULT_MAX_EXAMPLES",
-    "DEFAULT_WORLD_SIZES",
-    "UsageError",
-    "fitting_world_sizes",
-    "main",
-    "option_name",
-    "reproduce_command",
-]
-
-#: World sizes when ``--world-sizes`` is not given (the reference run takes
-#: well under 3 minutes with them on a 2-core machine; see conformance/README.md).
-DEFAULT_WORLD_SIZES: tuple[int, ...] = (1, 2, 3, 4)
-#: Hypothesis examples per check when ``--max-examples`` is not given.
-DEFAULT_MAX_EXAMPLES = 10
-
-class UsageError(Exception):
-    """A bad command line; the message says what and how to fix it (exit 2)."""
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="nemo-dist-conformance",
-        description="Check that an implementation of the nemo_dist components (the bundled "
-        "one, a fork named by module paths, or any all-gather callable) keeps the contract. "
-        "Naming some of --gather/--gather-fn/--ddp/--config checks only those components (the "
-        "bundled modules serve the others); --preset names all three; naming none checks the "
-        "bundled nemo_dist modules.",
-        epilog="Exit status: 0 conforms, 1 a check failed, 2 usage error. Under torchrun "
-        "(torchrun --nproc-per-node N -m nemo_dist.conformance ...) the checks run in "
-        "the torchrun world and rank 0 prints the table.",
-    )
-    p.add_argument("--gather", metavar="MODULE", help="module with all_gather_with_grad and all_gather_no_grad")
-    p.add_argument(
-        "--gather-fn",
-        metavar="MODULE:NAME",
-        help="one all-gather callable instead of a module: a function or a torch.autograd.Function "
-        "subclass (called through .apply); its output is the concatenation on dim 0, a tuple of W "
-        "tensors or a stacked [W, ...] tensor",
-    )
-    p.add_argument(
-        "--no-grad-fn",
-        metavar="MODULE:NAME",
-        help="the no-grad counterpart of --gather-fn (default: --gather-fn under torch.no_grad())",
-    )
-    p.add_argument(
-        "--gather-form",
-        default="auto",
-        help=f"output form of --gather-fn: {', '.join(GATHER_FORMS)} (default auto: detected from its first call)",
-    )
-    p.add_argument(
-        "--gather-kwarg",
-        metavar="NAME=VALUE",
-        action="append",
-        default=[],
-        help="a keyword passed on every call of --gather-fn (and --no-grad-fn), VALUE a Python literal, such as "
-        "--gather-kwarg dim=0; repeat it for more (group= and uneven= are the checks' to pass)",
-    )
-    p.add_argument(
-        "--gather-output",
-        metavar="INDEX",
-        help="--gather-fn returns a tuple or list holding the gathered value at INDEX, such as --gather-output 0 "
-        "for a (gathered, sizes) return; --gather-form applies to that element",
-    )
-    p.add_argument("--ddp", metavar="MODULE", help="module with parallelize_ddp, DDPManager, or both (each is checked)")
-    p.add_argument("--config", metavar="MODULE", help="module with DDPConfig")
-    p.add_argument("--preset", metavar="NAME", help=f"named module layout: {', '.join(PRESETS)}")
-    p.add_argument(
-        "--world-sizes",
-        metavar="SIZES",
-        default=",".join(map(str, DEFAULT_WORLD_SIZES)),
-        help="comma-separated world sizes (default %(default)s; ignored under torchrun)",
-    )
-    p.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (one GPU per rank); default gloo")
-    p.add_argument("--tier", default="all", help="core, extended or all (default all)")
-    p.add_argument(
-        "--max-examples",
-        metavar="N",
-        default=str(DEFAULT_MAX_EXAMPLES),
-        help="hypothesis examples per check (default %(default)s)",
-    )
-    p.add_argument("--strict", action="store_true", help="fail on any failing or unsupported check, not only core")
-    p.add_argument("--junit-xml", metavar="PATH", help="also write a JUnit XML report to PATH")
-    p.add_argument(
-        "-k",
-        "--select",
-        metavar="TEXT",
-        help="run only checks whose name contains TEXT ('not TEXT': all but those)",
-    )
-    p.add_argument(
-        "--check",
-        metavar="NAME",
-        help="run only the check of this exact name (a ddp check's NAME[entry point] runs that entry point "
-        "alone), as each failure's Reproduce line does",
-    )
-    p.add_argument(
-        "--timeout",
-        metavar="SECONDS",
-        default="120",
-        help="the most one step may take: its deadline is 10 x the slowest passing step so far, at least "
-        "--min-deadline, and past it a step whose ranks are still working gets time up to this many seconds "
-        "(default %(default)s)",
-    )
-    p.add_argument(
-        "--min-deadline",
-        metavar="SECONDS",
-        default=str(FLOOR_S).removesuffix(".0"),
-        help="the least per-step deadline (default %(default)s; at most --timeout). A step past its deadline "
-        "is reported hung once every unfinished rank is blocked in a collective or a receive; while one is "
-        "still working (importing, compiling, computing) it gets time up to --timeout",
-    )
-    p.add_argument(
-        "--seed",
-        metavar="N",
-        help="hypothesis seed of every check (default: a fresh one, printed in the header and in each "
-        "failure's Reproduce line, which runs that check alone with it)",
-    )
-    p.add_argument(
-        "--hypothesis-db",
-        metavar="DIR|none",
-        help="where hypothesis keeps its example database (failing examples are replayed first on the next "
-        "run) and its caches: DIR, or none for no database (caches in a temporary directory); default "
-        "$XDG_CACHE_HOME/nemo_dist/hypothesis (else ~/.cache/nemo_dist/hypothesis), never the current directory",
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no per-check progress on stderr")
-    return p
-
-
-#: Options a Reproduce line sets itself (or that do not change what a check does).
-_NOT_REPEATED = ("select", "check", "world_sizes", "seed", "junit_xml", "quiet")
-
-
-def reproduce_command(args: argparse.Namespace, program: str = "nemo-dist-conformance") -> str:
-    """``program`` and the options of ``args`` but those a Reproduce line sets itself (check, sizes, seed, output).
-
-    Options are written in their long form, only where they differ from the default.
-    """
-    parts = [program]
-    for action in _parser()._actions:
-        if not action.option_strings or action.dest in _NOT_REPEATED or action.dest == "help":
-            continue
-        value = getattr(args, action.dest, None)
-        if value is None or value is False or value == action.default:
-            continue
-        option = max(action.option_strings, key=len)
-        if value is True:
-            parts.append(option)
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            parts += [option, shlex.quote(str(item))]
-    return " ".join(parts)
-
-
-def _positive_int(option: str, text: str, example: str) -> int:
-    try:
-        return options.parse_positive_int(text)
-    except options.BadOptionValue:
-        raise UsageError(f"{option} expects an integer >= 1, such as {option} {example}; got {text!r}") from None
-
-
-def _world_sizes(text: str) -> tuple[int, ...]:
-    try:
-        return options.parse_world_sizes(text)
-    except options.BadOptionValue as exc:
-        got = exc.value.strip()
-        raise UsageError(f"--world-sizes expects an integer >= 1, such as --world-sizes 2,3; got {got!r}") from None
+__all__ = ["fitting_world_sizes", "main"]
 
 
 def _exact_check(checks: list[Check], impl: Implementation, name: str) -> tuple[list[Check], Implementation]:
@@ -229,41 +56,6 @@ def _selected(
     return checks, impl
 
 
-def _seed(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        seed = int(text)
-    except ValueError:
-        seed = -1
-    if seed < 0:
-        raise UsageError(f"--seed expects an integer >= 0, such as --seed 1234; got {text!r}")
-    return seed
-
-
-def _timeout(text: str) -> float:
-    try:
-        return options.parse_seconds(text)
-    except options.BadOptionValue:
-        raise UsageError(f"--timeout expects a number of seconds > 0, such as --timeout 120; got {text!r}") from None
-
-
-def _min_deadline(text: str) -> float:
-    try:
-        return options.parse_seconds(text)
-    except options.BadOptionValue:
-        raise UsageError(
-            f"--min-deadline expects a number of seconds > 0, such as --min-deadline 30; got {text!r}"
-        ) from None
-
-
-def _hypothesis_db(text: str | None) -> Path | None:
-    try:
-        return resolve_hypothesis_db(text)
-    except ValueError as exc:
-        raise UsageError(f"--hypothesis-db {exc}, such as --hypothesis-db {NO_DATABASE}") from None
-
-
 def fitting_world_sizes(sizes: Sequence[int], gpus_visible: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The sizes an NCCL run can start with ``gpus_visible`` GPUs (one per rank), and a note per size left out."""
     fit = tuple(s for s in sizes if s <= gpus_visible)
@@ -273,11 +65,6 @@ def fitting_world_sizes(sizes: Sequence[int], gpus_visible: int) -> tuple[tuple[
         if s > gpus_visible
     )
     return fit, notes
-
-
-def option_name(field: str) -> str:
-    """The command's option for an implementation field: ``gather_fn`` -> ``--gather-fn``."""
-    return "--" + field.replace("_", "-")
 
 
 def _nccl_sizes(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -304,9 +91,9 @@ def _options(
         raise UsageError(f"--tier expects one of {', '.join(TIERS)}; got {args.tier!r}")
     if args.backend not in ("gloo", "nccl"):
         raise UsageError(f"--backend expects gloo or nccl; got {args.backend!r}")
-    sizes = _world_sizes(args.world_sizes)
-    max_examples = _positive_int("--max-examples", args.max_examples, "25")
-    timeout = _timeout(args.timeout)
+    sizes = arguments.world_sizes(args.world_sizes)
+    max_examples = arguments.positive_int("--max-examples", args.max_examples, "25")
+    timeout = arguments.timeout(args.timeout)
     notes: tuple[str, ...] = ()
     if args.backend == "nccl":
         sizes, notes = _nccl_sizes(sizes)
@@ -399,7 +186,7 @@ def _main_torchrun(args: argparse.Namespace) -> int:
     try:
         impl, components, _, max_examples, timeout, _ = _options(args)
         checks, impl = _selected(args, impl, components)
-        hypothesis_db = _hypothesis_db(args.hypothesis_db)
+        hypothesis_db = arguments.hypothesis_db(args.hypothesis_db)
     except UsageError as exc:
         if rank == 0:
             print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
@@ -431,16 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # `--gather tests.forks.x` imports from the checkout; ranks inherit sys.path
-    args = _parser().parse_args(argv)
+    args = arguments.parser().parse_args(argv)
     from nemo_dist.conformance.inworld import in_torchrun
 
     if in_torchrun():
         return _main_torchrun(args)
     try:
         impl, components, sizes, max_examples, timeout, size_notes = _options(args)
-        min_deadline = _min_deadline(args.min_deadline)
-        seed = _seed(args.seed)
-        hypothesis_db = _hypothesis_db(args.hypothesis_db)
+        min_deadline = arguments.min_deadline(args.min_deadline)
+        seed = arguments.seed(args.seed)
+        hypothesis_db = arguments.hypothesis_db(args.hypothesis_db)
     except UsageError as exc:
         print(f"nemo-dist-conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -476,4 +263,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     report = dataclasses.replace(report, command=reproduce_command(args))
     return _emit(report.with_notes(*size_notes) if size_notes else report, args)
-

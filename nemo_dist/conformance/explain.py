@@ -12,11 +12,21 @@ SIGSEGV") with its stderr tail, never under a likely cause.
 from __future__ import annotations
 
 import re
+import sys
 import traceback as tb
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TOOL_PATHS", "Finding", "crashed_ranks", "find", "fold_tool_frames", "grouped", "rank_failure"]
+__all__ = [
+    "TOOL_PATHS",
+    "Finding",
+    "add_note",
+    "crashed_ranks",
+    "find",
+    "fold_tool_frames",
+    "grouped",
+    "rank_failure",
+]
 
 #: Path fragments of the tool's own frames: folded out of tracebacks.
 TOOL_PATHS: tuple[str, ...] = (
@@ -27,6 +37,14 @@ TOOL_PATHS: tuple[str, ...] = (
     "/_pytest/",
     "/pluggy/",
 )
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python 3.11+), or the same ``__notes__`` that 3.11 and pytest read, before it."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
 
 _FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<path>[^"]+)", line \d+')
 _TRACEBACK_HEAD = "Traceback (most recent call last):"

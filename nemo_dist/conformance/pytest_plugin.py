@@ -30,7 +30,6 @@ summary, never failures (a fork's DeprecationWarning, say).
 from __future__ import annotations
 
 import shlex
-import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -261,6 +260,7 @@ def check_holds(
     from hypothesis import core
 
     from nemo_dist.conformance.deadlines import DeadlineWorld, StepAborted, StepHung
+    from nemo_dist.conformance.explain import add_note
     from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
     from nemo_dist.conformance.target import NotApplicable
     from nemo_dist.conformance.verdicts import is_not_supported
@@ -292,9 +292,9 @@ def check_holds(
                 pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
             cause = getattr(exc, "likely_cause", "") or _missing_parameter_cause(case.impl, exc)
             if cause:
-                _add_note(exc, f"Likely cause: {cause}")
+                add_note(exc, f"Likely cause: {cause}")
             if reproduce:
-                _add_note(exc, reproduce.strip())
+                add_note(exc, reproduce.strip())
             raise
 
 
@@ -311,11 +311,3 @@ def _missing_parameter_cause(impl: Implementation | None, exc: BaseException) ->
         f"{impl.gather_fn} was called without its required parameter {names[0]!r}; pass it on every call "
         f"with {option_name('gather_kwarg')} {names[0]}=VALUE"
     )
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` (Python 3.11+), or the same ``__notes__`` that pytest shows, before it."""
-    if sys.version_info >= (3, 11):
-        exc.add_note(note)
-    else:
-        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]

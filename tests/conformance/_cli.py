@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ROOT", "clean_env", "failure_section", "run_command", "run_torchrun"]
+__all__ = ["ROOT", "clean_env", "failure_section", "run_command", "run_torchrun", "shared_command", "shared_torchrun"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,3 +44,9 @@ def run_torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Com
          "-m", "nemo_dist.conformance", *args],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+#: ``run_command`` run once per process for given arguments: tests that read one run's output share it.
+shared_command = functools.cache(run_command)
+#: ``run_torchrun`` run once per process for given arguments, likewise.
+shared_torchrun = functools.cache(run_torchrun)

@@ -7,47 +7,82 @@ one of them also through the subprocess, for the real exit status.
 from __future__ import annotations
 
 import shlex
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from nemo_dist.conformance.cli import main
-from tests.conformance._cli import failure_section, run_command
+from tests.conformance._cli import failure_section, run_command, shared_command
 
 QUICK = ("--world-sizes", "2", "--max-examples", "3", "-q")
 
 
 def test_reference_passes_core_and_prints_the_table() -> None:
-    """Against the bundled modules the core tier passes: exit 0 and a table of PASS rows.
+    """Against the bundled modules the core checks pass: exit 0 and a table of PASS rows.
 
-    The real-transformers checks are left out with -k (their own tests run them in persistent worlds).
+    Two gather checks (``-k matches``): the front end is the subject here; every check against the
+    reference is ``test_every_check.py``'s, upstream's whole core tier through this command ``test_upstream.py``'s.
     """
-    result = run_command("--tier", "core", "-k", "not real_models", *QUICK)
+    result = run_command("--tier", "core", "-k", "matches", *QUICK)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "check" in result.stdout
     assert "gather.forward_matches_cat" in result.stdout
+    assert "gather.no_grad_matches_cat_without_grad" in result.stdout
     assert " PASS " in result.stdout
     assert " FAIL" not in result.stdout
     assert "CONFORMS (exit 0)" in result.stdout
 
 
-def test_broken_fork_exits_one_with_the_shrunk_example_and_junit(tmp_path: Path) -> None:
-    """A gather fork that drops the last rank fails: FAIL row, the failing example, the difference, JUnit failure."""
-    junit = tmp_path / "conformance.xml"
-    result = run_command(
-        "--gather", "tests.forks.broken_gather_forward_drops_last_rank", "--tier", "core",
-        "-k", "forward_matches_cat", "--junit-xml", str(junit), *QUICK,
+#: One failing run in worlds of 2 and 3, read by the two tests after it (kept in one xdist worker, so it runs once).
+_failing_group = pytest.mark.xdist_group(name="cli_failing_run")
+
+
+@pytest.fixture
+def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The shared run of a fork summing the wrong slot (worlds of 2 and 3, with JUnit XML) and its JUnit file."""
+    junit = tmp_path_factory.getbasetemp() / "cli_failing_run.xml"
+    result = shared_command(
+        "--gather", "tests.forks.broken_gather_reduces_own_slot", "--tier", "core", "-k", "backward_sums",
+        "--world-sizes", "2,3", "--max-examples", "3", "-q", "--junit-xml", str(junit),
     )
+    return result, junit
+
+
+@_failing_group
+def test_broken_fork_exits_one_with_the_shrunk_example_and_junit(
+    failing_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    """A gather fork summing the wrong slot fails: FAIL rows, the shrunk example, the difference, JUnit failures."""
+    result, junit = failing_run
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "gather.forward_matches_cat" in result.stdout
-    assert " FAIL " in result.stdout
+    assert "gather.backward_sums_rank_slices  2      core  FAIL" in result.stdout
     assert "Failing test case" in result.stdout
-    assert "expected (2," in result.stdout
+    assert "values differ\ngot\ntensor([1.])\nexpected\ntensor([0.])" in result.stdout
     assert "DOES NOT CONFORM (exit 1)" in result.stdout
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite is not None
-    assert (suite.get("tests"), suite.get("failures")) == ("1", "1")
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "2")
+
+
+@_failing_group
+def test_each_failure_prints_a_line_that_reproduces_it_alone(
+    failing_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    """The Reproduce line (the check by exact name, its world size, the run's seed) re-runs it: the same failure."""
+    result, _ = failing_run
+    assert result.returncode == 1, result.stdout + result.stderr
+    reproduce = [line for line in result.stdout.splitlines() if line.startswith("Reproduce: ")]
+    assert len(reproduce) == 2, result.stdout  # one per failing check run: worlds of 2 and 3
+    line = reproduce[1].removeprefix("Reproduce: ")
+    prefix = "nemo-dist-conformance --gather tests.forks.broken_gather_reduces_own_slot --tier core --max-examples 3 "
+    assert line.startswith(prefix + "--check gather.backward_sums_rank_slices --world-sizes 3 --seed "), line
+    again = run_command(*shlex.split(line)[1:], "-q")
+    assert again.returncode == 1, again.stdout + again.stderr
+    wanted = failure_section(result.stdout)
+    wanted = wanted[wanted.index("--- gather.backward_sums_rank_slices (world size 3, core tier) ---") :]
+    assert failure_section(again.stdout) == ["Failures", "========", *wanted], again.stdout
 
 
 def test_missing_extended_keyword_is_not_supported_and_only_strict_fails() -> None:
@@ -70,25 +105,6 @@ def test_gather_fn_checks_a_bare_callable_and_names_the_likely_cause() -> None:
     assert "output form 'tuple', detected from its first call" in result.stdout
     assert "gather.backward_sums_rank_slices  2      core  FAIL" in result.stdout
     assert "Likely cause: no cross-rank sum (each rank keeps only its own loss's gradient)" in result.stdout
-
-
-def test_each_failure_prints_a_line_that_reproduces_it_alone() -> None:
-    """The Reproduce line (the check by exact name, its world size, the run's seed) re-runs it: the same failure."""
-    result = run_command(
-        "--gather", "tests.forks.broken_gather_reduces_own_slot", "--tier", "core", "-k", "backward_sums",
-        "--world-sizes", "2,3", "--max-examples", "3", "-q",
-    )
-    assert result.returncode == 1, result.stdout + result.stderr
-    reproduce = [line for line in result.stdout.splitlines() if line.startswith("Reproduce: ")]
-    assert len(reproduce) == 2, result.stdout  # one per failing check run: worlds of 2 and 3
-    line = reproduce[1].removeprefix("Reproduce: ")
-    prefix = "nemo-dist-conformance --gather tests.forks.broken_gather_reduces_own_slot --tier core --max-examples 3 "
-    assert line.startswith(prefix + "--check gather.backward_sums_rank_slices --world-sizes 3 --seed "), line
-    again = run_command(*shlex.split(line)[1:], "-q")
-    assert again.returncode == 1, again.stdout + again.stderr
-    wanted = failure_section(result.stdout)
-    wanted = wanted[wanted.index("--- gather.backward_sums_rank_slices (world size 3, core tier) ---") :]
-    assert failure_section(again.stdout) == ["Failures", "========", *wanted], again.stdout
 
 
 def test_unimportable_module_is_a_usage_error_naming_it() -> None:

@@ -5,8 +5,23 @@ command and ``pytest conformance/`` expand it): a check added to the registry
 runs here with nothing else to write. Each case runs through the runner, so
 the verdict is the command's; the reference must PASS every case that applies
 to its world size, and what the checks record as warnings is raised again
-here, under the suite's warnings-as-errors (``filterwarnings``). A check that cannot run here (the real-model
-checks without transformers) is skipped with its reason.
+here, under the suite's warnings-as-errors (``filterwarnings``).
+
+The gate runs every check at least once, and the exhaustive matrix only
+where it proves something (the rest is marked ``thorough``, run with
+``--thorough``):
+
+- the ddp checks through ``parallelize_ddp``; through ``DDPManager`` only the
+  checks of what the manager adds (its constructor's error and attributes,
+  what ``parallelize`` returns and where it places the model), since the
+  bundled ``DDPManager.parallelize`` is one call of ``parallelize_ddp``
+  (forks, whose two entry points may differ, run both: ``test_forks.py``);
+- the real-transformers checkpointing checks in one world of two ranks:
+  recompute is counted inside each rank, and a world of two is the smallest
+  with a real DDP reduction between ranks.
+
+The real-model checks need transformers: without it they skip, or fail
+under ``--require-targets``.
 """
 
 from __future__ import annotations
@@ -19,6 +34,36 @@ import pytest
 from nemo_dist.conformance import REFERENCE, Case, cases, format_report, load_checks, run_case
 from nemo_dist.conformance.verdicts import Report
 from nemo_dist.testing.plugin import WorldFactory, selected_world_sizes
+from tests import targets
+
+#: The entry point every ddp check of the reference runs through in the gate.
+GATE_API = "parallelize_ddp"
+#: The checks of what DDPManager adds over parallelize_ddp, run through it in the gate too.
+MANAGER_CHECKS = frozenset(
+    {
+        "ddp.requires_process_group",
+        "ddp.manager_attributes",
+        "ddp.parallelize_wraps_and_places",
+        "ddp.world_of_one_wrapped_in_ddp",
+    }
+)
+#: The checks that build real transformers models on every rank.
+REAL_MODEL_CHECKS = frozenset({"ddp.checkpointing_real_models", "ddp.checkpointing_real_models_beyond_upstream"})
+
+
+def in_gate(case: Case, sizes: tuple[int, ...]) -> bool:
+    """Whether the gate runs this case of the reference (the others are marked thorough).
+
+    ``sizes`` are the selected world sizes: the real-model checks run in the
+    smallest of them with two ranks or more (the smallest selected one if
+    none has), so each check runs at least once whatever is selected.
+    """
+    api = case.name.partition("[")[2].rstrip("]")
+    if api and api != GATE_API and case.check.name not in MANAGER_CHECKS:
+        return False
+    if case.check.name in REAL_MODEL_CHECKS:
+        return case.world_size == min((s for s in sizes if s >= 2), default=min(sizes))
+    return True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -26,16 +71,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" not in metafunc.fixturenames:
         return
     params = []
-    for case in cases(load_checks().values(), REFERENCE, selected_world_sizes(metafunc.config)):
+    sizes = selected_world_sizes(metafunc.config)
+    for case in cases(load_checks().values(), REFERENCE, sizes):
         if not case.applies:
             continue
         marks = [pytest.mark.xdist_group(name=f"nemo_dist_gloo_w{case.world_size}")] if case.world_size else []
+        if not in_gate(case, sizes):
+            marks.append(pytest.mark.thorough)
         params.append(pytest.param(case, id=f"{case.name}-w{case.world_size or '-'}", marks=marks))
     metafunc.parametrize("case", params)
 
 
 def test_reference_passes_the_registered_check(case: Case, world_factory: WorldFactory) -> None:
     """The bundled reference gets PASS, warning nothing unfiltered, on this check in a world of this size (or none)."""
+    if case.check.name in REAL_MODEL_CHECKS:
+        targets.import_target("transformers")
     world = world_factory(case.world_size) if case.world_size else None
     verdict = run_case(case, world)
     if verdict.outcome == "skipped":

@@ -6,7 +6,10 @@ command, and every assertion about it reads that one report:
 
 - a broken fork (``broken_*``) fails, with a message, on the check guarding its
   bug (the message names the broken property) and, where one fits, a likely
-  cause; the exit status follows the tier of its failures;
+  cause; the exit status follows the tier of its failures. Its report holds
+  the guarding checks only; a second, cheap run (one unshrunk example per
+  check, a world of 2) takes it through every other check of its component,
+  proving the tool gives each one a verdict;
 - a correct fork conforms; the forks written from the SPEC alone
   (``independent_*``) pass every check, ``--strict`` included, in worlds of
   1, 2 and 3; an upstream-style gather without ``uneven=`` or ``group=`` gets
@@ -31,7 +34,16 @@ from typing import Any
 import pytest
 from hypothesis import Phase
 
-from nemo_dist.conformance import COMPONENTS, REFERENCE, Implementation, Report, format_report, load_checks, run_checks
+from nemo_dist.conformance import (
+    COMPONENTS,
+    REFERENCE,
+    Implementation,
+    Report,
+    cases,
+    format_report,
+    load_checks,
+    run_checks,
+)
 from nemo_dist.conformance import select_checks as select
 from nemo_dist.conformance.gather.checks import FIXED_IN_PLACE_EXAMPLE
 from nemo_dist.conformance.profile import changed_profile
@@ -163,11 +175,17 @@ _REPORTS: dict[str, tuple[Report, str]] = {}
 
 
 def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
-    """The one report of fork ``name`` in this process (run on first use) and its table."""
+    """The one report of fork ``name`` in this process (run on first use) and its table.
+
+    A broken fork runs the checks guarding its bug (``GUARDS``), every example
+    and shrinking included; every other fork runs its whole component.
+    """
     if name not in _REPORTS:
         impl, components, sizes = TARGETS[name]
         selected = select(load_checks().values(), impl, "all", None, components)
         checks = [c for c in selected if name == "upstream_faithful" or "real_models" not in c.name]
+        if name in GUARDS:
+            checks = [c for c in checks if c.name in {check for check, _ in GUARDS[name]}]
         report = run_checks(checks, impl, sizes, max_examples=5, worlds=world_factory, components=components)
         _REPORTS[name] = (report, format_report(report))
     return _REPORTS[name]
@@ -201,6 +219,33 @@ def test_broken_fork_fails_its_guarding_check_with_a_readable_failure(fork: str,
         assert report.exit_code() == 1, table
     else:  # an extended-tier bug blocks only a strict run
         assert (report.exit_code(), report.exit_code(strict=True)) == (0, 1), table
+
+
+#: Broken forks left out of the cheap run of every check: their ranks crash in every backward, so each check
+#: would only replace the world again; the crash tests below prove what the tool makes of that crash.
+CRASHING = frozenset({"broken_gather_backward_segfaults"})
+
+
+@pytest.mark.parametrize("fork", _params(sorted(set(GUARDS) - CRASHING)))
+def test_broken_fork_gets_a_verdict_on_every_check_of_its_component(fork: str, world_factory: WorldFactory) -> None:
+    """Every check of the fork's component runs once, unshrunk, in a world of 2: one verdict each, failures explained.
+
+    The guard test judges the fork on its guarding checks; this cheap run
+    proves the tool itself copes with the fork everywhere else (a verdict per
+    run, a message on every failure, a table that lists them all).
+    """
+    impl, components, _ = TARGETS[fork]
+    checks = [c for c in select(load_checks().values(), impl, "all", None, components) if "real_models" not in c.name]
+    with changed_profile(phases=[Phase.explicit, Phase.generate]):
+        report = run_checks(checks, impl, (2,), max_examples=1, worlds=world_factory, components=components)
+    table = format_report(report)
+    expected = [case.name for case in cases(checks, impl, (2,))]
+    assert sorted(v.check for v in report.verdicts) == sorted(expected), table
+    explained = [v for v in report.verdicts if v.outcome in ("fail", "hang", "not supported", "not applicable")]
+    assert all(v.message for v in explained), table
+    assert report.exit_code(strict=True) == 1, table
+    for name in expected:
+        assert name in table, table
 
 
 @pytest.mark.parametrize("fork", _params(["broken_gather_backward_segfaults"]))

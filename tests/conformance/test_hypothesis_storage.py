@@ -225,11 +225,11 @@ def test_pytest_front_end_writes_no_hypothesis_directory_in_the_cwd(tmp_path: Pa
     assert (cache / "nemo_dist" / "hypothesis").is_dir(), list(cache.rglob("*"))
 
 
-def test_pytest_front_end_refuses_a_bad_database_value(tmp_path: Path) -> None:
+def test_pytest_front_end_refuses_a_bad_database_value(pytester: pytest.Pytester) -> None:
     """An empty --conformance-hypothesis-db is a pytest usage error naming the option and the way out."""
-    result = _run_from(
-        tmp_path, tmp_path, "-m", "pytest", str(ROOT / "conformance"), "-p", "no:cacheprovider", "-q",
-        "--conformance-hypothesis-db", "",
+    # In this process: the usage error stops pytest before anything runs (conformance is imported above).
+    result = pytester.runpytest_inprocess(
+        str(ROOT / "conformance"), "-p", "no:cacheprovider", "-q", "--conformance-hypothesis-db", ""
     )
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert "--conformance-hypothesis-db expects a directory or 'none'" in result.stderr
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    assert "--conformance-hypothesis-db expects a directory or 'none'" in result.stderr.str()

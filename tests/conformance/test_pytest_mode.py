@@ -1,13 +1,20 @@
-"""Layer 3: ``pytest conformance/`` as a subprocess, in gloo worlds of 2 ranks: the checks as pytest tests."""
+"""Layer 3: ``pytest conformance/`` as a subprocess, in gloo worlds of 2 ranks: the checks as pytest tests.
+
+Usage errors run in this process (``pytester``): they stop pytest before any world starts.
+"""
 
 from __future__ import annotations
 
+import functools
 import shlex
 import subprocess
 import sys
 
 import pytest
 
+# Imported here, before any in-process run: pytester removes afterwards the modules a run imported, and
+# torch cannot be imported twice in one process.
+import nemo_dist.conformance.pytest_plugin  # noqa: F401
 from tests.conformance._cli import ROOT, clean_env
 
 
@@ -19,32 +26,52 @@ def _pytest_conformance(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+#: One failing run, read by the two tests that use it (kept in one xdist worker, so it runs once).
+_failing_group = pytest.mark.xdist_group(name="pytest_mode_failing_run")
+_FAILING = (
+    "--conformance-gather", "tests.forks.broken_gather_drops_own_rows",
+    "-k", "forward_matches or uneven_gathers", "-rfs",
+)
+
+
+@functools.cache
+def _failing_run() -> subprocess.CompletedProcess[str]:
+    return _pytest_conformance(*_FAILING)
+
+
+@_failing_group
 def test_checks_run_as_pytest_tests_failing_and_skipping_per_check() -> None:
     """A broken fork fails its check's test with the falsifying example; a missing keyword is a skip."""
-    result = _pytest_conformance(
-        "--conformance-gather", "tests.forks.broken_gather_forward_drops_last_rank",
-        "-k", "forward_matches or uneven_gathers", "-rfs",
-    )
+    result = _failing_run()
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED conformance/test_conformance.py::test_check_holds[gather.forward_matches_cat-w2]" in result.stdout
     assert "Failing test case" in result.stdout
-    assert "not supported: needs uneven=: tests.forks.broken_gather_forward_drops_last_rank.all_gather_with_grad " \
+    assert "not supported: needs uneven=: tests.forks.broken_gather_drops_own_rows.all_gather_with_grad " \
         "takes no uneven= keyword" in result.stdout
     assert "1 failed, 1 skipped" in result.stdout
 
 
-def test_unimportable_module_is_a_pytest_usage_error() -> None:
+def _usage_error(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """Run ``pytest conformance/`` in this process with ``args``, which must stop it with a usage error (exit 4).
+
+    In-process: a usage error stops pytest before any world starts, so a fresh interpreter would only add its
+    imports; the real command's own exit status is ``test_cli.py``'s.
+    """
+    result = pytester.runpytest_inprocess(str(ROOT / "conformance"), "-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    return result
+
+
+def test_unimportable_module_is_a_pytest_usage_error(pytester: pytest.Pytester) -> None:
     """A module that does not import stops pytest with a usage error naming it."""
-    result = _pytest_conformance("--conformance-ddp", "tests.forks.no_such_fork")
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert "--conformance-ddp module 'tests.forks.no_such_fork' does not import" in result.stderr
+    result = _usage_error(pytester, "--conformance-ddp", "tests.forks.no_such_fork")
+    assert "--conformance-ddp module 'tests.forks.no_such_fork' does not import" in result.stderr.str()
 
 
-def test_bad_min_deadline_is_a_pytest_usage_error() -> None:
+def test_bad_min_deadline_is_a_pytest_usage_error(pytester: pytest.Pytester) -> None:
     """--conformance-min-deadline takes seconds; anything else stops pytest naming the option and an example."""
-    result = _pytest_conformance("--conformance-min-deadline", "soon")
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert "--conformance-min-deadline expects a number of seconds > 0" in result.stderr
+    result = _usage_error(pytester, "--conformance-min-deadline", "soon")
+    assert "--conformance-min-deadline expects a number of seconds > 0" in result.stderr.str()
 
 
 def test_a_forks_deprecation_warning_is_a_summary_note_not_a_failure() -> None:
@@ -70,11 +97,10 @@ def _failing_example(stdout: str) -> list[str]:
     return lines[: next(i for i, line in enumerate(lines) if line.startswith("Reproduce: pytest "))]
 
 
+@_failing_group
 def test_a_failing_check_prints_the_pytest_line_that_reproduces_it_alone() -> None:
     """The failure ends with its node id, options, world size and seed; that line re-runs it to the same example."""
-    result = _pytest_conformance(
-        "--conformance-gather", "tests.forks.broken_gather_drops_own_rows", "-k", "forward_matches_cat",
-    )
+    result = _failing_run()
     assert result.returncode == 1, result.stdout + result.stderr
     (line,) = [x for x in _error_lines(result.stdout) if x.startswith("Reproduce: pytest ")]
     assert line.startswith(
@@ -117,13 +143,14 @@ def test_gather_call_options_make_a_sized_gather_checkable_under_pytest() -> Non
     ],
     ids=["missing-dim", "not-a-literal", "negative-output"],
 )
-def test_bad_gather_call_options_are_pytest_usage_errors(args: tuple[str, ...], message: str) -> None:
+def test_bad_gather_call_options_are_pytest_usage_errors(
+    args: tuple[str, ...], message: str, pytester: pytest.Pytester
+) -> None:
     """A required parameter left unfilled, or a bad kwarg or index, stops pytest with a usage error naming it."""
-    result = _pytest_conformance(
-        "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes", *args
+    result = _usage_error(
+        pytester, "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes", *args
     )
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert message in result.stderr
+    assert message in result.stderr.str()
 
 
 def test_a_hidden_missing_parameter_fails_with_the_option_to_fill_it() -> None:

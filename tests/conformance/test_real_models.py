@@ -5,7 +5,8 @@ and Qwen2-Audio models from configs on every rank, freezes a block, drives
 each tower with synthetic inputs and, per scope, expects the attention and
 MLP of exactly the selected trainable blocks to run again in backward. The
 reference passes it (``test_every_check.py``); a fork that ignores
-checkpointing must fail it, naming the block. Skipped without transformers.
+checkpointing must fail it, naming the block. Skipped without transformers
+(failed under ``--require-targets``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import pytest
 from nemo_dist.conformance import REFERENCE, Implementation
 from nemo_dist.conformance.real_models.checks import checkpointing_real_models
 from nemo_dist.testing.plugin import WorldFactory
+from tests import targets
 
-pytest.importorskip("transformers")
+targets.import_target("transformers")
 
 NO_CHECKPOINTING = Implementation(
     gather=REFERENCE.gather, ddp="tests.forks.broken_ddp_no_checkpointing", config=REFERENCE.config

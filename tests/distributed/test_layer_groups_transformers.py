@@ -28,8 +28,9 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from nemo_dist.distributed.activation_checkpointing import apply_activation_checkpointing, find_layer_groups
+from tests import targets
 
-transformers = pytest.importorskip("transformers", minversion="5.0")
+transformers = targets.import_target("transformers", minversion="5.0")
 
 Groups = dict[str, list[nn.Module]]
 
@@ -288,7 +289,8 @@ def upstream() -> tuple[Callable[[nn.Module], Groups], dict[str, Any]]:
             from nemo_automodel._transformers.model_parallelization import _LAYER_GROUPS
             from nemo_automodel.components.distributed.parallelizer import _extract_model_layer_groups
     except ImportError as error:
-        pytest.skip(f"nemo_automodel is not importable ({error}); upstream comparison needs it")
+        reason = f"nemo_automodel is not importable ({type(error).__name__}: {error}); the upstream comparison needs it"
+        targets.missing_target(reason)
     return _extract_model_layer_groups, dict(_LAYER_GROUPS)
 
 

@@ -417,3 +417,41 @@ def test_require_gpu_counts_the_gpu_tests_of_xdist_workers(
     result.assert_outcomes(passed=1)
     assert result.ret == status
     assert ("no gpu test was selected" in result.stdout.str()) == (status != pytest.ExitCode.OK)
+
+
+_GROUPED_FILE = """
+import os
+from pathlib import Path
+
+import pytest
+
+@pytest.mark.xdist_group(name="one_world")
+@pytest.mark.parametrize("i", range(4))
+def test_grouped(i):
+    Path(f"ran_{i}_on_{os.environ['PYTEST_XDIST_WORKER']}").touch()
+
+@pytest.mark.parametrize("i", range(4))
+def test_free(i):
+    pass
+"""
+
+
+def test_xdist_loadgroup_keeps_one_group_on_one_worker(pytester: pytest.Pytester) -> None:
+    """--dist loadgroup sends every test of an xdist_group to one worker: the plugin's per-world groups rely on it.
+
+    pytest 9.2.0 with pytest-xdist 3.8.0 silently stops grouping (pytest-xdist
+    issue 1386: the group suffix xdist writes into node ids no longer takes
+    effect), so every worker would start every world, and tests sharing one
+    run would repeat it; the ``test`` extra keeps pytest below 9.2 until a
+    release of xdist groups again. This test says so if grouping breaks.
+    """
+    pytester.makepyfile(test_grouped=_GROUPED_FILE)
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=8)
+    ran = sorted(p.name for p in pytester.path.glob("ran_*"))
+    assert len(ran) == 4, ran
+    workers = {name.rsplit("_on_", 1)[1] for name in ran}
+    assert len(workers) == 1, (
+        f"the 4 tests of one xdist_group ran on workers {sorted(workers)}: --dist loadgroup does not group "
+        "(pytest-xdist issue 1386 with pytest 9.2)\n" + result.stdout.str()
+    )

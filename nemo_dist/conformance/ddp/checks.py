@@ -1,15 +1,15 @@
 """Conformance checks of the DDP entry points: every ``DDPConfig`` field proven by behaviour.
 
 Each check builds small seeded float64 models on every rank of a world
-(``_ddp_ranks``), wraps them through the implementation's entry point
-(``parallelize_ddp`` and ``DDPManager``: each one the module defines gets its
-own run) and asserts in the parent on what the ranks report: buffers
-equalised or left alone, bucket count following the cap, an unused parameter
-tolerated or raising, gradients aliasing the bucket storage, static graph
-accepted, blocks recomputed in backward under checkpointing (and none
+(:mod:`.ranks`, :mod:`.training`), wraps them through the implementation's
+entry point (``parallelize_ddp`` and ``DDPManager``: each one the module
+defines gets its own run) and asserts in the parent on what the ranks report:
+buffers equalised or left alone, bucket count following the cap, an unused
+parameter tolerated or raising, gradients aliasing the bucket storage, static
+graph accepted, blocks recomputed in backward under checkpointing (and none
 without it) with unchanged gradients, autocast output dtype, and training
-equal to one process on the full batch. Each field's off or default value
-is checked beside its other values.
+equal to one process on the full batch. Each field's off or default value is
+checked beside its other values.
 
 Core is what upstream (nemo-automodel 0.7.0) does. Upstream returns the
 model unwrapped in a world of one rank, so a check that needs the DDP object
@@ -31,7 +31,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_dist.conformance.ddp import ranks
+from nemo_dist.conformance.ddp import ranks, training
 from nemo_dist.conformance.ddp.entry_point import NotDDP
 from nemo_dist.conformance.ddp.expectations import (
     CHECKPOINT_SCOPES,
@@ -270,7 +270,7 @@ def gradient_as_bucket_view(world: WorldLike, impl: Implementation) -> None:
 def static_graph(world: WorldLike, impl: Implementation) -> None:
     """static_graph=True is recorded by DDP (False by default), accepts checkpointing and an unused parameter."""
     global_x = _global_batch(11, 2 * world.size)
-    results = world.run(ranks.static_graph_training, impl, global_x, 3)
+    results = world.run(training.static_graph_training, impl, global_x, 3)
     for runs in results:
         if isinstance(runs, NotDDP):
             _not_a_ddp(world, runs.returned, "record static_graph")
@@ -354,7 +354,7 @@ def contrastive_loss_equals_full_batch(world: WorldLike, impl: Implementation) -
         n = rows * world.size
         x = _global_batch(seed, n, dim)
         y = x + 0.1 * _global_batch(seed + 1, n, dim)
-        results = world.run(ranks.contrastive_identity, impl, x, y, 3, 0.1, 0.5)
+        results = world.run(training.contrastive_identity, impl, x, y, 3, 0.1, 0.5)
         for rank, got in enumerate(results):
             what = f"rank {rank}: step-1 gradient vs full batch"
             tolerance = tolerance_for(got["dtype"], TOLERANCE_TIGHT)
@@ -375,7 +375,7 @@ def any_config_trains_like_one_process(world: WorldLike, impl: Implementation) -
     @given(config=ddp_configs(autocast_dtype=None), seed=st.integers(0, 2**16), rows=st.integers(1, 3))
     def example(config: dict[str, Any], seed: int, rows: int) -> None:
         global_x = _global_batch(seed, rows * world.size)
-        results = world.run(ranks.train_config, impl, config, global_x, 2)
+        results = world.run(training.train_config, impl, config, global_x, 2)
         for rank, got in enumerate(results):
             tolerance = TOLERANCE_FLOAT64 if config.get("autocast_dtype") is None else TOLERANCE_BF16
             tolerance = tolerance_for(got["dtype"], tolerance)

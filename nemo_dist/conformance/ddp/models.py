@@ -1,6 +1,7 @@
 """The small seeded models the DDP checks train: transformer-like blocks that count their forward calls.
 
-Built on CPU in float64 by the rank functions (:mod:`~nemo_dist.conformance.ddp.ranks`);
+Built on CPU in float64 by the rank functions (:mod:`~nemo_dist.conformance.ddp.ranks`,
+:mod:`~nemo_dist.conformance.ddp.training`);
 the attention and _MLP of each block count how often their ``forward`` runs,
 so checkpointing shows as extra calls during backward.
 """

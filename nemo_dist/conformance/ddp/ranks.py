@@ -1,10 +1,15 @@
-"""Rank-side functions of the DDP checks: small seeded models, trained on each rank.
+"""Rank-side functions of the DDP checks but the training ones: what the entry point builds, each field's effect.
 
 Every public function here runs on every rank of a world (through
 ``World.run``), takes an ``Implementation`` and plain data, builds its models
 (:mod:`~nemo_dist.conformance.ddp.models`) with ``torch.manual_seed`` so all
 ranks start equal, and returns plain data (CPU tensors, ints, bools, strings)
-for the parent to assert on.
+for the parent to assert on: the manager's attributes, where the wrapped
+model lives, buffers, buckets, an unused parameter, gradients aliasing the
+buckets, recomputation under checkpointing, the autocast dtype, and the
+world setup :func:`warm_up`. The functions that train through the entry
+point and compare with a reference run are in
+:mod:`~nemo_dist.conformance.ddp.training`.
 
 The entry point is the one the implementation pins (``impl.ddp_api``):
 ``DDPManager(config).parallelize(model)`` or ``parallelize_ddp(model,
@@ -15,10 +20,10 @@ functions that need the DDP object then return
 ``"is_ddp"``) and leave it to the parent to call that not applicable.
 
 Device: models are built on CPU and the entry point moves them to the
-rank's device (the rank's GPU under NCCL, else CPU).  Inputs, targets
-and the single-process reference copies follow the wrapped model's
-parameters, and every tensor returned goes back as a CPU copy, so the same
-functions run in gloo and NCCL worlds.
+rank's device (the rank's GPU under NCCL, else CPU).  Inputs follow the
+wrapped model's parameters (so does the plain DDP :func:`bucket_layouts`
+compares with), and every tensor returned goes back as a CPU copy, so the
+same functions run in gloo and NCCL worlds.
 """
 
 from __future__ import annotations
@@ -62,13 +67,10 @@ __all__ = [
     "bucket_layouts",
     "buffer_sync",
     "checkpoint_recompute",
-    "contrastive_identity",
     "grad_bucket_aliasing",
     "manager_attributes",
     "placement",
     "requires_process_group",
-    "static_graph_training",
-    "train_config",
     "unused_parameter",
     "warm_up",
 ]
@@ -275,46 +277,6 @@ def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, st
     return verdicts
 
 
-def _train(wrapped: nn.Module, model: nn.Module, x: torch.Tensor, steps: int, lr: float) -> list[torch.Tensor]:
-    for _ in range(steps):
-        square_loss(wrapped(x)).backward()
-        sgd_step(model, lr)
-    return params_of(model)
-
-
-def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: int) -> dict[str, Any] | NotDDP:
-    """Train with ``static_graph=True`` and without it, in two settings.
-
-    ``checkpointed``: the tiny model with checkpointed blocks; ``unused``: a model
-    with a parameter that is never used (the non-static run uses
-    ``find_unused_parameters=True``).  Returns for each the DDP objects'
-    ``static_graph`` attributes (``static_graph=True`` and the default) and
-    the parameters of both runs after ``steps``; :class:`NotDDP` when the
-    entry point does not return a DDP.
-    """
-    runs: dict[str, Any] = {}
-    settings = {
-        "checkpointed": (_TinyModel, {"activation_checkpointing": True}, {"activation_checkpointing": True}),
-        "unused": (_SometimesUnused, {}, {"find_unused_parameters": True}),
-    }
-    for name, (factory, static_extra, dynamic_extra) in settings.items():
-        model = seeded(factory, 5)
-        wrapped = parallelizer(impl, {"static_graph": True, **static_extra}).parallelize(model)
-        if not isinstance(wrapped, DistributedDataParallel):
-            return NotDDP(type(wrapped).__name__)
-        x = local_rows(global_x, device_of(model))
-        static_params = _train(wrapped, model, x, steps, 0.1)
-        other = seeded(factory, 5)
-        dynamic = parallelizer(impl, dynamic_extra).parallelize(other)
-        dynamic_params = _train(dynamic, other, x, steps, 0.1)
-        runs[name] = {
-            "static_graph": getattr(wrapped, "static_graph", None),
-            "default_static_graph": getattr(dynamic, "static_graph", None),
-            "static": static_params,
-            "dynamic": dynamic_params,
-        }
-    return runs
-
 
 def checkpoint_recompute(
     impl: Implementation, mode: bool | str, scopes: list[Any], global_x: torch.Tensor
@@ -353,80 +315,6 @@ def autocast_output_dtype(impl: Implementation, autocast_dtype: Any) -> str:
     wrapped = parallelizer(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
     return str(wrapped(torch.ones(2, DIM, device=device_of(model), dtype=dtype_of(model))).dtype)
 
-
-def _info_nce_terms(anchors: torch.Tensor, candidates: torch.Tensor, first_row: int, tau: float) -> torch.Tensor:
-    """Per-row InfoNCE losses of ``anchors`` against all ``candidates``; row i's positive is candidate first_row+i."""
-    logits = anchors @ candidates.T / tau
-    labels = torch.arange(first_row, first_row + anchors.shape[0], device=anchors.device)
-    return nn.functional.cross_entropy(logits, labels, reduction="none")
-
-
-def contrastive_identity(
-    impl: Implementation, global_x: torch.Tensor, global_y: torch.Tensor, steps: int, lr: float, tau: float
-) -> dict[str, Any]:
-    """Train a linear encoder with a gathered InfoNCE loss, and a full-batch copy beside it.
-
-    Rank r encodes its slice of ``x`` and ``y`` in one DDP forward, gathers the
-    ``y`` embeddings with ``all_gather_with_grad``, and takes the mean over its
-    rows of the InfoNCE terms against all N candidates.  DDP averages over W
-    ranks, so the gradient is (1/W) * sum_r (W/N) * sum_{i in r} grad l_i, which is
-    the full-batch gradient of mean_i l_i: the copy computes that in one process.
-    The copy runs on the wrapped model's device, in its dtype. Returns the
-    gradients of step 1, the parameters after ``steps``, both sides, and the dtype.
-    """
-    gather = impl.module("gather").all_gather_with_grad
-    rank, size = dist.get_rank(), dist.get_world_size()
-    rows = global_x.shape[0] // size
-
-    def encoder() -> nn.Module:
-        return nn.Linear(global_x.shape[1], 4)
-
-    model = seeded(encoder, 8)
-    wrapped = parallelizer(impl, {}).parallelize(model)
-    device, dtype = device_of(model), dtype_of(model)
-    reference = seeded(encoder, 8).to(device, dtype)
-    x, y = local_rows(global_x, device).to(dtype), local_rows(global_y, device).to(dtype)
-    global_x, global_y = global_x.to(device, dtype), global_y.to(device, dtype)
-    grads: dict[str, Any] = {}
-    for step in range(steps):
-        embedded = wrapped(torch.cat([x, y]))
-        candidates = gather(embedded[rows:].contiguous())
-        _info_nce_terms(embedded[:rows], candidates, rank * rows, tau).mean().backward()
-        full = reference(torch.cat([global_x, global_y]))
-        n = global_x.shape[0]
-        _info_nce_terms(full[:n], full[n:], 0, tau).mean().backward()
-        if step == 0:
-            grads = {"ddp": grads_of(model), "reference": grads_of(reference)}
-        sgd_step(model, lr)
-        sgd_step(reference, lr)
-    params = {"params": params_of(model), "reference_params": params_of(reference), "dtype": str(dtype)}
-    return {**grads, **params}
-
-
-def train_config(
-    impl: Implementation, config_kwargs: dict[str, Any], global_x: torch.Tensor, steps: int
-) -> dict[str, Any]:
-    """Train the tiny model under ``config_kwargs`` and, beside it, in one process on the full batch.
-
-    The model is float64, or float32 when ``autocast_dtype`` is set (autocast
-    leaves float64 alone); the full-batch copy runs on the wrapped model's
-    device, in its dtype, under the same autocast. Returns both parameter lists
-    after ``steps`` SGD steps and the dtype.
-    """
-    autocast = config_kwargs.get("autocast_dtype")
-    dtype = torch.float64 if autocast is None else torch.float32
-    model = seeded(_TinyModel, 9, dtype)
-    wrapped = parallelizer(impl, config_kwargs).parallelize(model)
-    device, dtype = device_of(model), dtype_of(model)  # the entry point may have cast the model
-    reference = seeded(_TinyModel, 9, dtype).to(device)
-    params = _train(wrapped, model, local_rows(global_x, device).to(dtype), steps, 0.1)
-    full = global_x.to(device=device, dtype=dtype)
-    for _ in range(steps):
-        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            out = reference(full)
-        square_loss(out).backward()
-        sgd_step(reference, 0.1)
-    return {"params": params, "reference": params_of(reference), "dtype": str(dtype)}
 
 
 def warm_up() -> None:

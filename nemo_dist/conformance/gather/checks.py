@@ -24,14 +24,14 @@ the likely cause (:mod:`~nemo_dist.conformance.gather.diagnosis`).
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nemo_dist.conformance.explain import add_note
 from nemo_dist.conformance.gather import diagnosis, ranks
 from nemo_dist.conformance.gather.oracle import expected_grads, upstream_for_loss
 from nemo_dist.conformance.gather.precision import exact_grads, reduction_bound, worst_error
@@ -50,6 +50,7 @@ from nemo_dist.conformance.target import Implementation, NotSupported
 from nemo_dist.testing import strategies as ds
 
 __all__ = [
+    "FIXED_BACKWARD_EXAMPLE",
     "FIXED_IN_PLACE_EXAMPLE",
     "autograd_function_returns_rank_tuple",
     "backward_handles_sum_repeated_and_partial_losses",
@@ -160,7 +161,41 @@ def _backward_property(world: WorldLike, impl: Implementation, losses: list[str]
     def prop(data: st.DataObject) -> None:
         _check_backward(world, impl, data, data.draw(st.sampled_from(losses), label="loss"), last)
 
-    diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
+    fixed = _then_fixed_backward(prop, world, impl, last, losses[0], "contiguous")
+    diagnosed(fixed, last, lambda example: diagnosis.backward_cause(world, impl, example))
+
+
+#: What the gradient checks' fixed example is, as its failure shows it.
+FIXED_BACKWARD_EXAMPLE = (
+    "Fixed example (run after hypothesis's examples, which missed this failure): float32 inputs of shape (2, 3), "
+    "each rank's upstream gradient of positive integers differing between ranks, stored {grad_layout}, loss "
+    "{loss!r}: any other combination of the ranks' gradient rows than the rule's changes the result"
+)
+
+
+def _then_fixed_backward(
+    prop: Callable[[], None], world: WorldLike, impl: Implementation, last: LastFailure, loss: str, grad_layout: str
+) -> Callable[[], None]:
+    """``prop``, then one fixed example of the gradient rule (:data:`FIXED_BACKWARD_EXAMPLE`).
+
+    Hypothesis's first examples are its simplest (zero gradients, one rank's
+    row set), which some wrong reductions get right: with a few examples
+    (``--max-examples 3``) a wrong gradient could pass. The fixed example,
+    where every rank's gradient differs and has no zero, catches every
+    reduction other than the rule's, whatever hypothesis drew; it runs only
+    when hypothesis found nothing, so a failure it found keeps its shrunk example.
+    """
+
+    def run() -> None:
+        prop()
+        inputs, grads = _fixed_rank_example(world.size)
+        try:
+            _assert_backward(world, impl, last, (2, 3), torch.float32, "contiguous", inputs, grads, grad_layout, loss)
+        except AssertionError as exc:
+            add_note(exc, FIXED_BACKWARD_EXAMPLE.format(grad_layout=grad_layout, loss=loss))
+            raise
+
+    return run
 
 
 @check("gather.backward_sums_rank_slices", tier="core", component="gather")
@@ -197,7 +232,8 @@ def backward_with_non_contiguous_gradients(world: WorldLike, impl: Implementatio
         grad_layout = data.draw(st.sampled_from(laid_out), label="grad_layout")
         _assert_backward(world, impl, last, shape, dtype, "contiguous", inputs, grads, grad_layout, "direct")
 
-    diagnosed(prop, last, lambda example: diagnosis.backward_cause(world, impl, example))
+    fixed = _then_fixed_backward(prop, world, impl, last, "direct", "transposed")
+    diagnosed(fixed, last, lambda example: diagnosis.backward_cause(world, impl, example))
 
 
 def _assert_precision(
@@ -302,7 +338,7 @@ FIXED_IN_PLACE_EXAMPLE = (
 )
 
 
-def _fixed_in_place_example(size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _fixed_rank_example(size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Inputs and contiguous upstream gradients that any in-place reduction or reset of ``g`` would change.
 
     Every value is a positive integer (exact in float32), and rank r's
@@ -324,15 +360,11 @@ def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> Non
     gradients, which an in-place sum leaves unchanged); hypothesis's examples
     follow.
     """
-    inputs, grads = _fixed_in_place_example(world.size)
+    inputs, grads = _fixed_rank_example(world.size)
     try:
         _assert_not_modified(world, impl, inputs, "contiguous", grads, "contiguous", "direct")
     except AssertionError as exc:
-        # Shown as the verdict's example, where hypothesis's "Failing test case" goes.
-        if sys.version_info >= (3, 11):
-            exc.add_note(FIXED_IN_PLACE_EXAMPLE)
-        else:
-            exc.__notes__ = [*getattr(exc, "__notes__", []), FIXED_IN_PLACE_EXAMPLE]  # type: ignore[attr-defined]
+        add_note(exc, FIXED_IN_PLACE_EXAMPLE)  # shown as the verdict's example, where hypothesis's goes
         raise
 
     @given(data=st.data())
