@@ -1,8 +1,9 @@
 """Rank process main loop (child side of the harness).
 
-Started by :class:`nemo_dist.testing.World` as
-``python -m nemo_dist.testing._rank FD`` where ``FD`` is this rank's end of a
-private socket pair. The loop receives an :class:`~._protocol.Init`, joins the
+Started by :class:`nemo_dist.testing.World` (see :mod:`.launcher`): forked
+from the fork server (:mod:`._zygote`), or as ``python -m
+nemo_dist.testing._rank FD``, where ``FD`` is this rank's end of a private
+socket pair. The loop receives an :class:`~._protocol.Init`, joins the
 process group through the parent's TCPStore, answers :class:`~._protocol.Ready`,
 then runs one call per message until it gets ``EXIT`` or the pipe hits EOF.
 This module imports nothing from the parent side.
@@ -30,7 +31,7 @@ from nemo_dist.testing._stack_sampler import block_probe_signal, start_stack_sam
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Ask Linux to SIGKILL this process when the parent thread exits."""
     if not sys.platform.startswith("linux"):
         return
@@ -138,8 +139,12 @@ def _leave() -> None:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve calls from the parent until told to exit; return the exit status."""
+def main(argv: list[str] | None = None, *, parent_pid: int | None = None) -> int:
+    """Serve calls from the parent until told to exit; return the exit status.
+
+    ``parent_pid``: the process whose death must kill this one (default: the
+    World's process, named in the Init).
+    """
     args = sys.argv[1:] if argv is None else argv
     block_probe_signal()  # before any thread exists: only the stack sampler may take a probe
     conn = Connection(int(args[0]))
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         init: Init = conn.recv()
     except EOFError:
         return 0
-    _die_with_parent(init.parent_pid)
+    die_with_parent(init.parent_pid if parent_pid is None else parent_pid)
     stack_file: IO[str] = open(init.stack_file, "w")  # noqa: SIM115 - lives as long as the process
     # A rank killed by a fatal signal (SIGSEGV, SIGABRT) writes its Python stack to stderr, whose
     # tail the parent reports with the crash.

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nemo_dist.testing import _protocol, processes
+from nemo_dist.testing import _protocol, launcher, processes
 from nemo_dist.testing._errors import (
     FunctionNotPicklable,
     RankFailure,
@@ -268,7 +268,7 @@ class World:
 
     def _spawn(self, rank: int, port: int) -> processes.RankProcess:
         assert self._tmpdir is not None
-        handle = processes.spawn_rank(rank, self._size, port, self._tmpdir)
+        handle = launcher.spawn_rank(rank, self._size, port, self._tmpdir)
         handle.conn.send(
             _protocol.Init(
                 rank=rank,

@@ -1,19 +1,17 @@
-"""Rank processes of a World: spawning, waiting, killing, reaping, stack dumps.
+"""Rank processes of a World: waiting, killing, reaping, stack dumps.
 
-The parent-side bookkeeping of the ``python -m nemo_dist.testing._rank``
-processes a :class:`~nemo_dist.testing.World` runs: each one's socket, pidfd,
-stderr file and faulthandler stack file, and the texts that describe how it
-ended. What travels over the socket is :mod:`._protocol`'s business. This
-module imports no torch.
+The parent-side bookkeeping of the rank processes a
+:class:`~nemo_dist.testing.World` runs (started by :mod:`.launcher`): each
+one's socket, pidfd, stderr file and faulthandler stack file, and the texts
+that describe how it ended. What travels over the socket is
+:mod:`._protocol`'s business. This module imports no torch.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -32,12 +30,10 @@ __all__ = [
     "left_running_text",
     "open_pidfd",
     "reap",
-    "spawn_rank",
     "stderr_tail",
     "wait_exit",
 ]
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 #: Seconds a rank gets to exit (after EXIT, EOF or SIGTERM) before it is killed.
 KILL_AFTER_S = 5.0
 #: Seconds a process gets to vanish after SIGKILL before it is reported and left running.
@@ -62,13 +58,16 @@ class Process(Protocol):
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the exit (raising TimeoutExpired after ``timeout`` s); the return code."""
 
+    def send_signal(self, sig: int) -> None:
+        """Send signal ``sig``."""
+
 
 @dataclass
 class RankProcess:
     """Parent-side handle of one rank process."""
 
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: Process
     conn: Connection
     pidfd: int | None
     stderr_path: Path
@@ -118,49 +117,6 @@ def exit_text(returncode: int) -> str:
             name = str(-returncode)
         return f"killed by signal {name}"
     return f"exit code {returncode}"
-
-
-def spawn_rank(rank: int, world_size: int, store_port: int, tmpdir: Path) -> RankProcess:
-    """Start the process of ``rank`` with its stderr, stack and sample files in ``tmpdir``.
-
-    The process waits for its :class:`~._protocol.Init` on the returned
-    handle's ``conn``; the caller sends it.
-    """
-    env = dict(os.environ)
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(store_port),
-    )
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
-    stderr_path = tmpdir / f"rank{rank}.stderr"
-    stack_path = tmpdir / f"rank{rank}.stack"
-    ours, theirs = socket.socketpair()
-    try:
-        with stderr_path.open("wb") as err:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "nemo_dist.testing._rank",
-                    str(theirs.fileno()),
-                ],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-                env=env,
-            )
-    finally:
-        theirs.close()
-    conn = Connection(ours.detach())
-    sample_path = tmpdir / f"rank{rank}.sample"
-    return RankProcess(rank, proc, conn, open_pidfd(proc.pid), stderr_path, stack_path, sample_path)
 
 
 def wait_exit(ranks: list[RankProcess], timeout: float) -> None:

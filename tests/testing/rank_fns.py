@@ -193,3 +193,10 @@ def churn_threads(seconds: float) -> int:
     for worker in workers:
         worker.join()
     return started[0]
+
+
+def origin(name: str) -> tuple[int, str | None, str]:
+    """The rank's parent pid, its value of environment variable ``name``, and torch.distributed's debug level."""
+    import torch.distributed as dist
+
+    return os.getppid(), os.environ.get(name), str(dist.get_debug_level())
