@@ -1,0 +1,225 @@
+"""Mutation score of one component module: a seeded sample of cosmic-ray's mutants, each judged by conformance.
+
+    python scripts/mutation_score.py nemo_dist/distributed/config.py [--sample 25] [--seed 0]
+
+The mutants are cosmic-ray's (its core operators, at every site they apply
+to in the module; ``pip install -e '.[mutation]'``). A seeded sample of them
+is drawn; each is written into a private copy of the package, and the
+conformance command of the module's component runs on that copy, strictly
+(``--tier all --strict``): any failing, hanging or unsupported check kills
+the mutant. Printed per mutant: KILLED (the checks that failed), SURVIVED
+(with its diff), or EQUIVALENT (with the reason: a mutant that changes only
+a type annotation, which ``from __future__ import annotations`` never
+evaluates, is found here; the others are listed in ``EXPLAINED`` below, each
+with why it cannot change behaviour, or why a CPU run cannot observe it).
+Then the totals and the time taken. Exit 0 when no unexplained mutant
+survived, 1 otherwise, 2 on a usage error.
+
+The checkout's own files are never modified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Module (relative to the checkout) -> the conformance options that check its component.
+COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
+    "nemo_dist/loss/dist_utils.py": ("--gather", "nemo_dist.loss.dist_utils"),
+    "nemo_dist/distributed/ddp.py": ("--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config"),
+    "nemo_dist/distributed/config.py": (
+        "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
+    ),
+    "nemo_dist/distributed/activation_checkpointing.py": (
+        "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
+    ),
+}
+
+#: Mutants that survive for a reason, keyed by (module, operator, original line, mutated line), both lines stripped.
+EXPLAINED: dict[tuple[str, str, str, str], str] = {}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One cosmic-ray mutation of the module: its operator, occurrence, and the module's source after it."""
+
+    operator: str
+    occurrence: int
+    source: str
+
+    def diff(self, original: str, module: str) -> str:
+        """The unified diff from ``original`` to this mutant."""
+        lines = difflib.unified_diff(
+            original.splitlines(), self.source.splitlines(), f"a/{module}", f"b/{module}", lineterm="", n=1
+        )
+        return "\n".join(lines)
+
+    def changed_lines(self, original: str) -> tuple[str, str]:
+        """The first changed line before and after, stripped."""
+        before, after = original.splitlines(), self.source.splitlines()
+        for old, new in zip(before, after, strict=False):
+            if old != new:
+                return old.strip(), new.strip()
+        return "", ""
+
+
+def _without_annotations(source: str) -> str:
+    """The AST of ``source`` dumped with every annotation removed."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            node.annotation = None
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+        elif isinstance(node, ast.AnnAssign):
+            node.annotation = ast.Constant(None)
+    return ast.dump(tree)
+
+
+def equivalence(module: str, original: str, mutant: Mutant) -> str:
+    """Why ``mutant`` cannot change behaviour ("" when it can, as far as this script knows)."""
+    if "from __future__ import annotations" in original and _without_annotations(
+        original
+    ) == _without_annotations(mutant.source):
+        return "changes only a type annotation, which `from __future__ import annotations` never evaluates"
+    return EXPLAINED.get((module, mutant.operator, *mutant.changed_lines(original)), "")
+
+
+def mutants(source: str) -> list[Mutant]:
+    """Every mutant cosmic-ray's core operators make of ``source``, in operator and occurrence order."""
+    import cosmic_ray.plugins
+    from cosmic_ray.ast import ast_nodes, get_ast
+    from cosmic_ray.mutating import mutate_code
+
+    found: list[Mutant] = []
+    tree = get_ast(source)
+    for name in cosmic_ray.plugins.operator_names():
+        operator_class = cosmic_ray.plugins.get_operator(name)
+        if operator_class.arguments():  # operators that need arguments (variable insertion) are not configured
+            continue
+        operator = operator_class()
+        sites = sum(1 for node in ast_nodes(tree) for _ in operator.mutation_positions(node))
+        for occurrence in range(sites):
+            mutated = mutate_code(source, operator, occurrence)
+            if mutated is not None and mutated != source:
+                found.append(Mutant(name, occurrence, mutated))
+    return found
+
+
+def _failed_checks(stdout: str) -> list[str]:
+    """The check rows of a verdict table that did not pass."""
+    rows = re.findall(r"^(\S+)\s+(\d+|-)\s+(core|extended)\s+(FAIL|HANG|NOT SUPPORTED)", stdout, re.M)
+    return [f"{check} w{size} {verdict}" for check, size, _, verdict in rows]
+
+
+def judge(copy: Path, options: tuple[str, ...], world_sizes: str, max_examples: int, timeout: float) -> str:
+    """Run the component's conformance in ``copy``; "" when it conforms, else what killed the mutant."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(copy)
+    env.pop("PYTEST_ADDOPTS", None)
+    command = [
+        sys.executable, "-m", "nemo_dist.conformance", *options, "--tier", "all", "--strict", "-q",
+        "--world-sizes", world_sizes, "--max-examples", str(max_examples), "--hypothesis-db", "none",
+    ]
+    try:
+        done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"TIMEOUT: the command did not finish within {timeout:g} s"
+    if done.returncode == 0:
+        return ""
+    if done.returncode == 2:
+        return "usage error: " + (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+    failed = _failed_checks(done.stdout)
+    return "; ".join(failed[:4]) + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") or (
+        f"exit {done.returncode}: " + (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+    )
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("module", help=f"the module to mutate: one of {', '.join(COMPONENT_OPTIONS)}")
+    parser.add_argument("--sample", type=int, default=25, help="mutants drawn (default 25; 0: every mutant)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    parser.add_argument("--world-sizes", default="1,2", help="world sizes of each conformance run (default 1,2)")
+    parser.add_argument("--max-examples", type=int, default=10, help="hypothesis examples per check (default 10)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds one conformance run may take")
+    parser.add_argument("--list", action="store_true", help="list the sample's mutants (with diffs) and run nothing")
+    args = parser.parse_args(argv)
+    args.module = str(Path(args.module).resolve().relative_to(ROOT)) if Path(args.module).exists() else args.module
+    if args.module not in COMPONENT_OPTIONS:
+        parser.error(f"{args.module!r} is not a component module; give one of {', '.join(COMPONENT_OPTIONS)}")
+    if args.sample < 0:
+        parser.error(f"--sample expects a number >= 0; got {args.sample}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Draw, run and report the sample; the exit status (see the module docstring)."""
+    args = _parse(argv)
+    try:
+        import cosmic_ray  # noqa: F401
+    except ImportError:
+        print("cosmic-ray is not installed: pip install -e '.[mutation]'", file=sys.stderr)
+        return 2
+    original = (ROOT / args.module).read_text()
+    every = mutants(original)
+    drawn = every
+    if 0 < args.sample < len(every):
+        drawn = random.Random(args.seed).sample(every, args.sample)
+    print(f"{args.module}: {len(every)} mutants; {len(drawn)} drawn with seed {args.seed}")
+    if args.list:
+        for index, mutant in enumerate(drawn, 1):
+            print(f"\n#{index:02d} {mutant.operator} (occurrence {mutant.occurrence})")
+            print(mutant.diff(original, args.module))
+        return 0
+    start = time.monotonic()
+    counts = {"killed": 0, "survived": 0, "equivalent": 0}
+    with tempfile.TemporaryDirectory(prefix="nemo_dist_mutant_") as tmp:
+        copy = Path(tmp)
+        shutil.copytree(ROOT / "nemo_dist", copy / "nemo_dist", ignore=shutil.ignore_patterns("__pycache__"))
+        target = copy / args.module
+        for index, mutant in enumerate(drawn, 1):
+            label = f"#{index:02d} {mutant.operator} (occurrence {mutant.occurrence})"
+            reason = equivalence(args.module, original, mutant)
+            if reason:
+                counts["equivalent"] += 1
+                print(f"{label}: EQUIVALENT: {reason}\n{mutant.diff(original, args.module)}", flush=True)
+                continue
+            target.write_text(mutant.source)
+            began = time.monotonic()
+            try:
+                killed = judge(copy, COMPONENT_OPTIONS[args.module], args.world_sizes, args.max_examples, args.timeout)
+            finally:
+                target.write_text(original)
+            took = f"{time.monotonic() - began:.0f} s"
+            if killed and not killed.startswith("TIMEOUT"):
+                counts["killed"] += 1
+                print(f"{label}: KILLED in {took} by {killed}", flush=True)
+            else:
+                counts["survived"] += 1
+                print(f"{label}: SURVIVED ({killed or 'conforms'}, {took})\n{mutant.diff(original, args.module)}",
+                      flush=True)
+    scored = counts["killed"] + counts["survived"]
+    print(
+        f"\n{args.module}: {counts['killed']} of {scored} non-equivalent mutants killed, "
+        f"{counts['survived']} survived, {counts['equivalent']} equivalent; "
+        f"{time.monotonic() - start:.0f} s for {len(drawn)} mutants (seed {args.seed})"
+    )
+    return 1 if counts["survived"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
