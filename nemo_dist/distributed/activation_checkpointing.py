@@ -291,7 +291,9 @@ def _parents(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
 
 
 def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    # The policy is given an overload (aten.mm.default); _SAVED_OPS holds overload packets (aten.mm).
+    packet = getattr(op, "overloadpacket", op)
+    return CheckpointPolicy.MUST_SAVE if packet in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _wrap(block: nn.Module, mode: str) -> nn.Module:

@@ -93,6 +93,18 @@ COVERED = {f for f in _FORK_FILES if f.startswith(("broken_", "independent_", "u
     "upstream_style_gather"
 }
 
+#: The bucket check's failure at the smallest cap (torch gives 8 buckets there), by the fork's bucket count.
+_BUCKETS = (
+    r"bucket_cap_mb=0\.004: rank \d's DDP gave {got} bucket\(s\), "
+    r"torch's DistributedDataParallel\(bucket_cap_mb=0\.004\) gives 8"
+)
+
+
+def _accepted(value: str) -> tuple[str, str]:
+    """The guard of a config fork accepting a bad value: the extended check, its message for ``value`` (a pattern)."""
+    return ("config.rejects_bad_values_naming_field", rf"DDPConfig\({value}\) was accepted")
+
+
 #: Broken fork -> (the check guarding its bug, a regular expression its failure message matches).
 GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_gather_no_cross_rank_sum": [("gather.backward_sums_rank_slices", "gradient of x")],
@@ -108,7 +120,7 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_gather_reduces_float32_in_bfloat16": [
         ("gather.float_grads_within_tolerance", r"torch\.float32 values off by more than the reduction bound")
     ],
-    "broken_ddp_drops_bucket_cap": [("ddp.bucket_cap_mb", r"bucket_cap_mb=0\.01 gave 1 bucket\(s\), not more than")],
+    "broken_ddp_drops_bucket_cap": [("ddp.bucket_cap_mb", _BUCKETS.format(got=1))],
     "broken_ddp_forward_sync_buffers": [
         ("ddp.broadcast_buffers", r"broadcast_buffers=False: rank 1's buffer after init is 0, expected 1")
     ],
@@ -120,6 +132,49 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
         ("config.rejects_bad_values_naming_field", r"DDPConfig\(bucket_cap_mb=-1\.0\) was accepted")
     ],
     "broken_config_bool_strings": [("config.rejects_bad_values_naming_field", "was accepted")],
+    # Every DDPConfig field on and off, each with a fork that gets it wrong (issue 22); and the config's own checks.
+    "broken_ddp_bucket_cap_divided_by_1024": [("ddp.bucket_cap_mb", _BUCKETS.format(got=24))],
+    "broken_ddp_bucket_cap_times_1024": [("ddp.bucket_cap_mb", _BUCKETS.format(got=1))],
+    "broken_ddp_find_unused_forced_on": [
+        ("ddp.find_unused_parameters", r"find_unused_parameters=False: rank \d trained two iterations with an unused")
+    ],
+    "broken_ddp_static_graph_ignored": [
+        ("ddp.static_graph", r"the DDP object's static_graph is False on rank \d, expected True")
+    ],
+    "broken_ddp_bucket_view_forced_on": [
+        ("ddp.gradient_as_bucket_view", r"gradient_as_bucket_view=False: on rank \d, step 1, param\.grad inside a")
+    ],
+    "broken_ddp_broadcast_buffers_forced_on": [
+        ("ddp.broadcast_buffers", r"broadcast_buffers=False: rank 1's buffer after init is 0, expected 1")
+    ],
+    "broken_ddp_autocast_casts_model": [
+        ("ddp.autocast_dtype", r"a float32 model's parameters are \['torch\.bfloat16'\] after wrapping")
+    ],
+    "broken_ddp_autocast_casts_output": [
+        ("ddp.autocast_dtype", r"the forward's matmuls ran in \['torch\.float32'\], expected torch\.bfloat16")
+    ],
+    "broken_ddp_selective_is_full": [
+        ("ddp.activation_checkpointing_selective", r"ran 4 of its 4 matmuls again during backward; expected strictly")
+    ],
+    "broken_ddp_multimodal_without_audio": [
+        (
+            "ddp.activation_checkpointing_full",
+            r"scope 'multimodal', rank \d: audio\.0 \(a selected trainable block\) ran attn 0x and mlp 0x",
+        )
+    ],
+    "broken_ddp_checkpoints_frozen_blocks": [
+        ("ddp.activation_checkpointing_full", r"vision\.1 \(a frozen block\) ran attn 1x and mlp 1x during backward")
+    ],
+    "broken_config_accepts_nan_bucket": [_accepted(r"bucket_cap_mb=nan")],
+    "broken_config_accepts_bool_bucket": [_accepted(r"bucket_cap_mb=True")],
+    "broken_config_accepts_integer_autocast_dtype": [_accepted(r"autocast_dtype=torch\.int32")],
+    "broken_config_accepts_empty_scope": [_accepted(r"activation_checkpointing_scope=' , '")],
+    "broken_config_scope_list_drops_non_str": [
+        ("config.scope_names_validated", r"DDPConfig\(activation_checkpointing_scope=\['language', 3\]\) was accepted")
+    ],
+    "broken_config_accepts_scope_before_all": [
+        ("config.scope_names_validated", r"DDPConfig\(activation_checkpointing_scope='acoustic'\) was accepted")
+    ],
     "broken_gather_reduces_own_slot": [("gather.backward_sums_rank_slices", "gradient of x")],
     "broken_gather_drops_own_rows": [("gather.forward_matches_cat", "gathered output")],
     "broken_gather_backward_segfaults": [
@@ -144,6 +199,7 @@ LIKELY_CAUSES = {
 UPSTREAM_EXTENDED_FINDINGS = {
     ("gather.uninitialised_no_grad_never_requires_grad", 0),  # all_gather_no_grad returns x itself
     ("config.rejects_bad_values_naming_field", 0),  # a plain dataclass: only the scope is validated
+    ("config.valid_values_normalised", 0),  # and stored, the rest as given: "Selective", dtype names stay str
     ("gather.no_grad_never_requires_grad", 1),  # x itself in a world of one
     ("gather.zero_dim_raises_on_every_rank", 1),
     ("ddp.world_of_one_wrapped_in_ddp[parallelize_ddp]", 1),  # the model comes back unwrapped
@@ -191,9 +247,16 @@ def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
     return _REPORTS[name]
 
 
-def _params(names: Any) -> list[Any]:
-    # Every test of one fork in one xdist worker, so the fork runs once.
-    return [pytest.param(n, id=n, marks=pytest.mark.xdist_group(name=f"fork_{n}")) for n in names]
+def _params(names: Any, thorough: frozenset[str] = frozenset()) -> list[Any]:
+    # Every test of one fork in one xdist worker, so the fork runs once; those in `thorough` marked so.
+    return [
+        pytest.param(
+            n,
+            id=n,
+            marks=[pytest.mark.xdist_group(name=f"fork_{n}"), *([pytest.mark.thorough] if n in thorough else [])],
+        )
+        for n in names
+    ]
 
 
 def test_every_fork_file_is_judged() -> None:
@@ -224,9 +287,16 @@ def test_broken_fork_fails_its_guarding_check_with_a_readable_failure(fork: str,
 #: Broken forks left out of the cheap run of every check: their ranks crash in every backward, so each check
 #: would only replace the world again; the crash tests below prove what the tool makes of that crash.
 CRASHING = frozenset({"broken_gather_backward_segfaults"})
+#: Broken DDP forks that are the reference with one config field handled wrong: their run of every check shows no
+#: more of the tool than broken_ddp_drops_bucket_cap's does, and costs seconds each, so it is thorough (--thorough).
+ONE_FIELD_DDP_FORKS = frozenset(f for f in GUARDS if f.startswith("broken_ddp_")) - {
+    "broken_ddp_drops_bucket_cap",
+    "broken_ddp_forward_sync_buffers",
+    "broken_ddp_no_checkpointing",
+}
 
 
-@pytest.mark.parametrize("fork", _params(sorted(set(GUARDS) - CRASHING)))
+@pytest.mark.parametrize("fork", _params(sorted(set(GUARDS) - CRASHING), thorough=ONE_FIELD_DDP_FORKS))
 def test_broken_fork_gets_a_verdict_on_every_check_of_its_component(fork: str, world_factory: WorldFactory) -> None:
     """Every check of the fork's component runs once, unshrunk, in a world of 2: one verdict each, failures explained.
 

@@ -13,6 +13,8 @@ from collections import Counter
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from nemo_dist.distributed.activation_checkpointing import apply_activation_checkpointing, find_layer_groups
 
@@ -171,6 +173,30 @@ def test_exactly_selected_trainable_blocks_recompute_with_unchanged_gradients(
     for name, grad in expected.items():
         # Recompute replays the same float64 ops: bit-identical is expected.
         assert torch.equal(got[name], grad), name
+
+
+class _AddmmCount(TorchDispatchMode):
+    """Counts ``aten.addmm`` executed: in backward only recompute runs it (the gradients of addmm are ``mm``s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += func.overloadpacket is torch.ops.aten.addmm
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("mode", "recomputed"), [("full", 6), ("selective", 0)], ids=["full", "selective"])
+def test_selective_checkpointing_keeps_every_matmul_output_full_recomputes_them(mode: str, recomputed: int) -> None:
+    """In backward, "full" runs each of the 6 block matmuls again, "selective" none (their outputs are saved)."""
+    model = _CausalLM()
+    apply_activation_checkpointing(model, mode, ("all",))
+    with set_checkpoint_early_stop(False):  # recompute each block to its end
+        loss = model(torch.randn(5, 4, dtype=torch.float64)).pow(2).sum()
+    with _AddmmCount() as counter:
+        loss.backward()
+    assert counter.count == recomputed
 
 
 def test_checkpointing_keeps_state_dict_keys() -> None:

@@ -2,6 +2,8 @@
 
 Validation is table-driven: each bool field is checked by one loop, the scope is
 parsed with ``str.replace`` + ``split``, and every error names ``DDPConfig.<field>``.
+An autocast dtype may be given by name ("bfloat16"), as the reference's docstring
+promises.
 """
 
 from __future__ import annotations
@@ -72,5 +74,8 @@ class DDPConfig:
             if not 0 < cap < float("inf"):
                 raise ValueError(f"DDPConfig.bucket_cap_mb: expected a positive finite size, got {cap!r}")
         dtype = self.autocast_dtype
+        if isinstance(dtype, str):  # a dtype's name, as a YAML file gives it: "bfloat16" or "torch.bfloat16"
+            name = dtype.split(".", 1)[1] if dtype.startswith("torch.") else dtype
+            dtype = self.autocast_dtype = getattr(torch, name, dtype)
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"DDPConfig.autocast_dtype: expected a float torch.dtype or None, got {dtype!r}")

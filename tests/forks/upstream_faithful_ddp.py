@@ -20,14 +20,16 @@ from upstream, on purpose:
   selected block (MLP, attention unless the model shares K/V across layers,
   both norms; without upstream's SDPA-state snapshot for the recompute, which
   only context parallelism needs); selective wraps whole blocks with a
-  selective-checkpoint context.  Either way ``use_cache`` is switched off in the
+  selective-checkpoint context whose policy (TorchTitan's pattern, as
+  upstream's) saves every other ``mm``/``linear`` of a region, counted
+  afresh in the forward and in the recompute, and always the other
+  compute-heavy ops (``addmm``, ``bmm``, attention kernels).  Either way ``use_cache`` is switched off in the
   model's configs first, unless it shares K/V across layers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -59,15 +61,19 @@ _POST_NORM_NAMES = ("post_attention_layernorm", "ffn_norm", "layer_norm2", "norm
 # Mixture-of-transformers siblings, wrapped whenever present.
 _MOT_NAMES = ("mlp_moe_gen", "input_layernorm_moe_gen", "post_attention_layernorm_moe_gen")
 
-_KEPT_UNDER_SELECTIVE = {
-    op
-    for op in (
-        getattr(torch.ops.aten, name, None)
-        for name in ("mm", "addmm", "bmm", "linear", "_scaled_dot_product_flash_attention",
-                     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    )
-    if op is not None
-}
+def _overloads(*names: str) -> frozenset[Any]:
+    """The default overloads of the aten ops named that this torch has."""
+    packets = (getattr(torch.ops.aten, name, None) for name in names)
+    return frozenset(packet.default for packet in packets if packet is not None and hasattr(packet, "default"))
+
+
+# Under selective checkpointing: every other one of these is saved, the rest recomputed ...
+_ALTERNATING = _overloads("mm", "linear")
+# ... and these are always saved.
+_ALWAYS_SAVED = _overloads(
+    "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
 
 
 # ------------------------------------------------------------------------ layer groups
@@ -211,8 +217,17 @@ def _replace(root: nn.Module, old: nn.Module, new: nn.Module) -> bool:
     return False
 
 
-def _keep_compute_outputs(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _KEPT_UNDER_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+def _selective_context() -> Any:
+    """A selective-checkpoint context pair for one region: every other mm/linear saved, in forward and recompute."""
+    seen = {False: 0, True: 0}  # matmuls met so far, in the forward and in the recompute of this region
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op in _ALTERNATING:
+            seen[ctx.is_recompute] += 1
+            return CheckpointPolicy.MUST_SAVE if seen[ctx.is_recompute] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in _ALWAYS_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _checkpoint_selectively(model: nn.Module, scope: Any) -> None:
@@ -223,9 +238,8 @@ def _checkpoint_selectively(model: nn.Module, scope: Any) -> None:
     if _kv_sharing_then_cache_off(model):
         _checkpoint_submodules(blocks, True)
         return
-    context_fn = functools.partial(create_selective_checkpoint_contexts, _keep_compute_outputs)
     for block in blocks:
-        if not _replace(model, block, checkpoint_wrapper(block, context_fn=context_fn, preserve_rng_state=True)):
+        if not _replace(model, block, checkpoint_wrapper(block, context_fn=_selective_context, preserve_rng_state=True)):
             logger.warning("could not put a selective checkpoint wrapper in place of %s", type(block).__name__)
 
 

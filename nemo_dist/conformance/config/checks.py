@@ -12,11 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from nemo_dist.conformance.registry import check
 from nemo_dist.conformance.target import Implementation
 from nemo_dist.testing.strategies import DDP_CONFIG_DEFAULTS
 
-__all__ = ["INVALID_CONFIGS", "INVALID_SCOPES", "SCOPE_NORMALISATIONS", "SPEC_DEFAULTS", "config_rejection"]
+__all__ = [
+    "INVALID_CONFIGS",
+    "INVALID_SCOPES",
+    "SCOPE_NORMALISATIONS",
+    "SPEC_DEFAULTS",
+    "VALUE_NORMALISATIONS",
+    "config_rejection",
+]
 
 #: The SPEC's defaults of every DDPConfig field (the scope as normalised).
 SPEC_DEFAULTS: dict[str, Any] = {**DDP_CONFIG_DEFAULTS, "activation_checkpointing_scope": ("all",)}
@@ -27,18 +36,31 @@ INVALID_SCOPES: list[tuple[str, str, Any]] = [
     ("unknown_scope_in_list", "activation_checkpointing_scope", ["language", "robotics"]),
     ("all_mixed_with_group", "activation_checkpointing_scope", "all,language"),
     ("all_mixed_in_list", "activation_checkpointing_scope", ["vision", "all"]),
+    ("unknown_scope_sorting_before_all", "activation_checkpointing_scope", "acoustic"),
+    ("int_scope", "activation_checkpointing_scope", 3),
+    ("non_str_in_scope_list", "activation_checkpointing_scope", ["language", 3]),
 ]
 
 #: (readable id, field, bad value): every bad value, scopes included, must fail at construction naming the field.
 INVALID_CONFIGS: list[tuple[str, str, Any]] = [
     ("negative_bucket", "bucket_cap_mb", -1.0),
     ("zero_bucket", "bucket_cap_mb", 0),
+    ("nan_bucket", "bucket_cap_mb", float("nan")),
+    ("inf_bucket", "bucket_cap_mb", float("inf")),
     ("string_bucket", "bucket_cap_mb", "25"),
+    ("bool_bucket", "bucket_cap_mb", True),
     ("string_broadcast_buffers", "broadcast_buffers", "yes"),
     ("string_find_unused_parameters", "find_unused_parameters", "False"),
+    ("int_find_unused_parameters", "find_unused_parameters", 1),
     ("string_static_graph", "static_graph", "true"),
     ("string_gradient_as_bucket_view", "gradient_as_bucket_view", "no"),
+    ("none_gradient_as_bucket_view", "gradient_as_bucket_view", None),
     ("unknown_checkpointing_mode", "activation_checkpointing", "sometimes"),
+    ("int_checkpointing_mode", "activation_checkpointing", 1),
+    ("empty_scope", "activation_checkpointing_scope", " , "),
+    ("unknown_dtype_name", "autocast_dtype", "bfloat17"),
+    ("integer_dtype", "autocast_dtype", torch.int32),
+    ("int_dtype", "autocast_dtype", 16),
     *INVALID_SCOPES,
 ]
 
@@ -50,6 +72,19 @@ SCOPE_NORMALISATIONS: list[tuple[Any, set[str]]] = [
     (["vision", "language"], {"language", "vision"}),
     ("multimodal", {"multimodal"}),
     (("audio",), {"audio"}),
+    (" Audio + vision ", {"audio", "vision"}),
+]
+
+#: (field, value as given, the value it must hold, compared with ==, and its type): valid values (extended).
+VALUE_NORMALISATIONS: list[tuple[str, Any, Any]] = [
+    ("activation_checkpointing", "Selective", "selective"),
+    ("activation_checkpointing", "FULL", "full"),
+    ("activation_checkpointing", True, True),
+    ("bucket_cap_mb", 25, 25),
+    ("bucket_cap_mb", 0.001, 0.001),
+    ("autocast_dtype", "bfloat16", torch.bfloat16),
+    ("autocast_dtype", "torch.float16", torch.float16),
+    ("autocast_dtype", torch.float16, torch.float16),
 ]
 
 
@@ -86,14 +121,14 @@ def defaults_match_spec(world: None, impl: Implementation) -> None:
 
 @check("config.scope_names_validated", tier="core", component="config", needs_world=False)
 def scope_names_validated(world: None, impl: Implementation) -> None:
-    """Unknown scope names, and "all" mixed with others, fail at construction naming the field."""
+    """Unknown scope names, "all" mixed with others, a non-str scope or entry fail at construction naming the field."""
     for _, field, value in INVALID_SCOPES:
         config_rejection(impl, field, value)
 
 
 @check("config.rejects_bad_values_naming_field", tier="extended", component="config", needs_world=False)
 def rejects_bad_values_naming_field(world: None, impl: Implementation) -> None:
-    """Every bad value (negative bucket, str for bool, unknown mode or scope) fails at construction naming the field."""
+    """Every bad value (bucket not a positive finite number, non-bool flag, bad mode, scope, dtype) fails naming it."""
     for _, field, value in INVALID_CONFIGS:
         config_rejection(impl, field, value)
 
@@ -107,3 +142,15 @@ def scope_normalised_to_tuple(world: None, impl: Implementation) -> None:
         expected = f"expected a tuple of {sorted(groups)}"
         assert isinstance(got, tuple), f"activation_checkpointing_scope={scope!r} became {got!r}, {expected}"
         assert sorted(got) == sorted(groups), f"activation_checkpointing_scope={scope!r} became {got!r}, {expected}"
+
+
+@check("config.valid_values_normalised", tier="extended", component="config", needs_world=False)
+def valid_values_normalised(world: None, impl: Implementation) -> None:
+    """Valid values are kept or normalised: mode names lower-cased, dtype names resolved, numbers and bools as given."""
+    config_class = impl.module("config").DDPConfig
+    for field, value, expected in VALUE_NORMALISATIONS:
+        got = getattr(config_class(**{field: value}), field, "<missing>")
+        assert (got, type(got)) == (expected, type(expected)), (
+            f"DDPConfig({field}={value!r}).{field} is {got!r} ({type(got).__name__}), "
+            f"expected {expected!r} ({type(expected).__name__})"
+        )

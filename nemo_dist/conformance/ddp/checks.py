@@ -1,15 +1,18 @@
 """Conformance checks of the DDP entry points: every ``DDPConfig`` field proven by behaviour.
 
 Each check builds small seeded float64 models on every rank of a world
-(:mod:`.ranks`, :mod:`.training`), wraps them through the implementation's
-entry point (``parallelize_ddp`` and ``DDPManager``: each one the module
-defines gets its own run) and asserts in the parent on what the ranks report:
-buffers equalised or left alone, bucket count following the cap, an unused
-parameter tolerated or raising, gradients aliasing the bucket storage, static
-graph accepted, blocks recomputed in backward under checkpointing (and none
-without it) with unchanged gradients, autocast output dtype, and training
-equal to one process on the full batch. Each field's off or default value is
-checked beside its other values.
+(:mod:`.ranks`, :mod:`.training`, :mod:`.op_ranks`), wraps them through the
+implementation's entry point (``parallelize_ddp`` and ``DDPManager``: each one
+the module defines gets its own run) and asserts in the parent on what the
+ranks report: buffers equalised or left alone, the bucket layout equal to
+torch's own DDP's for the same cap, an unused parameter tolerated as torch's
+own DDP tolerates it or raising, gradients aliasing the bucket storage,
+static graph accepted, blocks recomputed in backward under
+checkpointing (every matmul under full, fewer under selective, none without
+it) with unchanged gradients, autocast running the matmuls in its dtype with
+float32 parameters and gradients equal to an explicit ``torch.autocast``, and
+training equal to one process on the full batch. Each field's off or default
+value is checked beside its other values.
 
 Core is what upstream (nemo-automodel 0.7.0) does. Upstream returns the
 model unwrapped in a world of one rank, so a check that needs the DDP object
@@ -28,10 +31,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nemo_dist.conformance.ddp import ranks, training
+from nemo_dist.conformance.ddp import op_ranks, ranks, training
 from nemo_dist.conformance.ddp.entry_point import NotDDP
 from nemo_dist.conformance.ddp.expectations import (
     CHECKPOINT_SCOPES,
@@ -206,41 +209,58 @@ def broadcast_buffers(world: WorldLike, impl: Implementation) -> None:
                 )
 
 
+#: The smallest bucket cap drawn: 8 buckets of three 2 KiB parameters on the bucket model (DDP closes a bucket
+#: once it reaches the cap); the caps drawn go up to 1000 times it (one bucket).
+SMALLEST_BUCKET_CAP = 0.004
+
+
+def _bucket_cap(step: int) -> float:
+    """Cap number ``step`` of 0-30: ``SMALLEST_BUCKET_CAP * 10 ** (step / 10)``, to three significant digits."""
+    return float(f"{SMALLEST_BUCKET_CAP * 10 ** (step / 10):.3g}")
+
+
+def _assert_torch_layout(world: WorldLike, impl: Implementation, cap: float | None) -> None:
+    for rank, layouts in enumerate(world.run(ranks.bucket_layouts, impl, [cap], 2)):
+        if isinstance(layouts, NotDDP):
+            _not_a_ddp(world, layouts.returned, "compare buckets of")
+        got, expected = layouts[repr(cap)]["got"], layouts[repr(cap)]["torch"]
+        torch_ddp = "torch's DistributedDataParallel" + ("" if cap is None else f"(bucket_cap_mb={cap})")
+        assert got == expected, (
+            f"bucket_cap_mb={cap}: rank {rank}'s DDP gave {len(got)} bucket(s), {torch_ddp} gives "
+            f"{len(expected)} on the same model (24 float64 parameters of 2 KiB); is the cap forwarded to DDP, "
+            f"in MiB? Parameter indices by bucket on step 2: {got}, torch's: {expected}"
+        )
+
+
 @check("ddp.bucket_cap_mb", tier="core", component="ddp")
 def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
-    """A small bucket_cap_mb gives more DDP buckets than a large one; None gives torch's default layout."""
-    small, large = 0.01, 25.0
-    results = world.run(ranks.bucket_layouts, impl, [small, large, None], 3)
-    for rank, layouts in enumerate(results):
-        if isinstance(layouts, NotDDP):
-            _not_a_ddp(world, layouts.returned, "count buckets of")
-        shown = ", ".join(f"cap {cap}: {sizes}" for cap, sizes in layouts.items())
-        assert len(layouts[repr(small)]) > len(layouts[repr(large)]), (
-            f"rank {rank}: bucket_cap_mb={small} gave {len(layouts[repr(small)])} bucket(s), not more than "
-            f"bucket_cap_mb={large} ({len(layouts[repr(large)])}); is the cap forwarded to DDP? "
-            f"bucket sizes in elements on step 3: {shown}"
-        )
-        assert layouts["None"] == layouts["plain"], (
-            f"rank {rank}: bucket_cap_mb=None gave buckets {layouts['None']}, torch's default DDP "
-            f"gives {layouts['plain']}"
-        )
-        cap_elements = small * 2**20 / 8
-        for size in layouts[repr(small)]:
-            assert size <= cap_elements + 1024, (
-                f"rank {rank}: a bucket of {size} float64 elements under bucket_cap_mb={small} "
-                f"(cap {cap_elements:.0f} elements, parameters of 1024)"
-            )
+    """bucket_cap_mb gives torch DDP's own bucket layout for that cap (caps over three decades); None, its default."""
+    _assert_torch_layout(world, impl, None)
+
+    @settings(max_examples=_examples(4))
+    @example(step=0)  # the smallest cap: 8 buckets
+    @given(step=st.integers(0, 30))
+    def drawn_cap(step: int) -> None:
+        _assert_torch_layout(world, impl, _bucket_cap(step))
+
+    drawn_cap()
 
 
 @check("ddp.find_unused_parameters", tier="core", component="ddp")
 def find_unused_parameters(world: WorldLike, impl: Implementation) -> None:
-    """A skipped parameter trains with find_unused_parameters=True and makes DDP raise with False."""
+    """A skipped parameter trains as torch's DDP trains it with find_unused_parameters=True, and raises with False."""
     tolerated = world.run(ranks.unused_parameter, impl, True)
     for got in tolerated:
         if isinstance(got, NotDDP):
             _not_a_ddp(world, got.returned, "raise or tolerate an unused parameter")
     for rank, got in enumerate(tolerated):
         assert got["error"] is None, f"find_unused_parameters=True: rank {rank} raised: {got['error']}"
+        assert_close_lists(
+            got["params"],
+            got["torch"]["params"],
+            f"find_unused_parameters=True, rank {rank}: parameters vs torch's DDP with the same flag",
+            TOLERANCE_TIGHT,
+        )
     assert_ranks_identical([got["params"] for got in tolerated], "find_unused_parameters=True")
     for rank, got in enumerate(world.run(ranks.unused_parameter, impl, False)):
         assert got["error"] is not None, (
@@ -283,6 +303,9 @@ def static_graph(world: WorldLike, impl: Implementation) -> None:
                 f"{setting}: with static_graph=False the DDP object's static_graph is "
                 f"{run['default_static_graph']!r} on rank {rank}, expected False"
             )
+            assert run["error"] is None, (
+                f"{setting}: training with static_graph=True raised on rank {rank}: {run['error'][:300]}"
+            )
             assert_close_lists(
                 run["static"], run["dynamic"], f"{setting}, rank {rank}: static vs dynamic graph", TOLERANCE_TIGHT
             )
@@ -290,22 +313,37 @@ def static_graph(world: WorldLike, impl: Implementation) -> None:
         assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
 
 
+def _matmul_expectation(mode: bool | str, selected: bool, matmuls: int, forward: int) -> str | None:
+    """What is wrong with a block recomputing ``matmuls`` of its ``forward`` matmuls in backward, or None."""
+    if not selected:
+        return None if matmuls == 0 else "none (no recompute)"
+    if mode == "selective":
+        if matmuls < forward:
+            return None
+        return f"strictly fewer than {forward} (is 'selective' mapped to full checkpointing?)"
+    return None if matmuls == forward else f"all {forward} (full checkpointing recomputes every one)"
+
+
 def _check_recompute(
     world: WorldLike, impl: Implementation, mode: bool | str, scopes: tuple[str, ...] = CHECKPOINT_SCOPES
 ) -> None:
     global_x = _global_batch(12, 2 * world.size)
-    results = world.run(ranks.checkpoint_recompute, impl, mode, list(scopes), global_x)
+    results = world.run(op_ranks.checkpoint_recompute, impl, mode, list(scopes), global_x)
     for rank, got in enumerate(results):
         for scope in scopes:
             run = got["scopes"][repr(scope)]
-            for block, (attn, mlp) in run["recomputed"].items():
+            for block, (attn, mlp, matmuls, forward) in run["recomputed"].items():
                 selected, what = checkpoint_role(mode, got["trainable"][block], block.split(".")[0], scope)
                 ran_again = attn > 0 and mlp > 0
                 ran_never = attn == 0 and mlp == 0
+                where = f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: {block} ({what})"
                 assert ran_again if selected else ran_never, (
-                    f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: {block} ({what}) ran "
-                    f"attn {attn}x and mlp {mlp}x during backward; expected "
+                    f"{where} ran attn {attn}x and mlp {mlp}x during backward; expected "
                     + ("at least once each (recompute)" if selected else "no recompute")
+                )
+                wrong = _matmul_expectation(mode, selected, matmuls, forward)
+                assert wrong is None, (
+                    f"{where} ran {matmuls} of its {forward} matmuls again during backward; expected {wrong}"
                 )
             assert_close_lists(
                 run["grads"],
@@ -317,30 +355,45 @@ def _check_recompute(
 
 @check("ddp.activation_checkpointing_full", tier="core", component="ddp")
 def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> None:
-    """Full checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
+    """Full checkpointing recomputes every matmul of exactly the selected trainable blocks, gradients unchanged."""
     _check_recompute(world, impl, True)
     _check_recompute(world, impl, "full", ("all", "language"))  # the same mode, spelled as a string
 
 
 @check("ddp.activation_checkpointing_off", tier="core", component="ddp")
 def activation_checkpointing_off(world: WorldLike, impl: Implementation) -> None:
-    """activation_checkpointing=False (the default) recomputes no block in backward, whatever the scope."""
+    """activation_checkpointing=False (the default) recomputes no block, no matmul in backward, whatever the scope."""
     _check_recompute(world, impl, False, ("all", "multimodal"))
 
 
 @check("ddp.activation_checkpointing_selective", tier="core", component="ddp")
 def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
-    """Selective checkpointing recomputes exactly the selected trainable blocks for every scope, gradients unchanged."""
+    """Selective checkpointing reruns exactly the selected trainable blocks, fewer matmuls than full; same grads."""
     _check_recompute(world, impl, "selective")
 
 
 @check("ddp.autocast_dtype", tier="extended", component="ddp")
 def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
-    """autocast_dtype=bfloat16 makes a float32 model's wrapped output bfloat16; None leaves float32."""
-    for dtype, expected in ((torch.bfloat16, "torch.bfloat16"), (None, "torch.float32")):
-        for rank, got in enumerate(world.run(ranks.autocast_output_dtype, impl, dtype)):
-            assert got == expected, (
-                f"autocast_dtype={dtype}: rank {rank}'s wrapped output is {got}, expected {expected}"
+    """autocast_dtype: matmuls in bf16/fp16, parameters and grads float32 and as torch.autocast's; None: all float32."""
+    global_x = _global_batch(13, 2 * world.size).float()
+    for dtype in (torch.bfloat16, torch.float16, None):
+        ran = str(dtype or torch.float32)
+        for rank, got in enumerate(world.run(op_ranks.autocast_ops, impl, dtype, global_x)):
+            what = f"autocast_dtype={dtype}, rank {rank}"
+            assert got["params"] == ["torch.float32"], (
+                f"{what}: a float32 model's parameters are {got['params']} after wrapping; autocast leaves them float32"
+            )
+            assert got["matmuls"], f"{what}: no matmul ran in the wrapped forward"
+            assert set(got["matmuls"]) == {ran}, (
+                f"{what}: the forward's matmuls ran in {sorted(set(got['matmuls']))}, expected {ran} "
+                f"(the output is {got['output']})"
+            )
+            stray = [op for op in got["floating"] if not op.endswith(ran)] if dtype is None else []
+            assert not stray, f"{what}: ops of the forward computed in other dtypes than float32: {stray}"
+            assert got["grad_dtypes"] == ["torch.float32"], f"{what}: gradients are {got['grad_dtypes']}, not float32"
+            # Half-precision forwards (and possibly TF32 float32 matmuls on a GPU) on another split of the batch.
+            assert_close_lists(
+                got["grads"], got["reference"], f"{what}: gradients vs an explicit torch.autocast", TOLERANCE_BF16
             )
 
 

@@ -138,5 +138,5 @@ def sgd_step(model: nn.Module, lr: float) -> None:
 
 
 def square_loss(out: torch.Tensor) -> torch.Tensor:
-    """Mean of squares (computed in float32 for a bfloat16 output)."""
-    return out.float().square().mean() if out.dtype == torch.bfloat16 else out.square().mean()
+    """Mean of squares (computed in float32 for a bfloat16 or float16 output)."""
+    return out.float().square().mean() if out.dtype in (torch.bfloat16, torch.float16) else out.square().mean()

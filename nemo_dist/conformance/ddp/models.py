@@ -3,7 +3,12 @@
 Built on CPU in float64 by the rank functions (:mod:`~nemo_dist.conformance.ddp.ranks`,
 :mod:`~nemo_dist.conformance.ddp.training`);
 the attention and _MLP of each block count how often their ``forward`` runs,
-so checkpointing shows as extra calls during backward.
+so checkpointing shows as extra calls during backward, and mark themselves
+running (:func:`running`) so that :class:`~nemo_dist.conformance.ddp.ops.MatmulCounter`
+can count the matmuls each one executes. Each has one linear layer with a bias
+(``aten.addmm``) and one without (``aten.mm``): a selective policy that saves
+every other ``mm`` (upstream's) shows as fewer recomputed matmuls, as does one
+that saves every matmul (nemo_dist's).
 """
 
 from __future__ import annotations
@@ -15,37 +20,67 @@ from torch import nn
 
 # The model classes keep their leading underscore: their names appear in verdicts
 # ("the entry point returned _TinyModel, not DistributedDataParallel").
-__all__ = ["DIM", "bucket_model", "multimodal_blocks"]
+__all__ = ["BUCKET_WIDTH", "DIM", "bucket_model", "multimodal_blocks", "running"]
 
 #: Feature width of the models.
 DIM = 8
+#: Width of the square bias-free layers of :func:`bucket_model`.
+BUCKET_WIDTH = 16
+
+# The counted sub-modules whose forward is running, innermost last. A recompute in
+# backward may run on an autograd thread; one forward runs at a time, so a plain list serves.
+_RUNNING: list[_Counted] = []
 
 
-class _Attention(nn.Module):
+def running() -> _Counted | None:
+    """The innermost counted sub-module whose ``forward`` is running now, if any."""
+    return _RUNNING[-1] if _RUNNING else None
+
+
+class _Counted(nn.Module):
+    """A sub-module that counts its ``forward`` calls (``calls``) and, through a counter, its matmuls (``matmuls``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.matmuls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        _RUNNING.append(self)
+        try:
+            return self.compute(x)
+        finally:
+            _RUNNING.pop()
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """The sub-module's computation."""
+        raise NotImplementedError
+
+
+class _Attention(_Counted):
     """Row-wise attention-like mixing; counts its forward calls (recompute included)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.query = nn.Linear(dim, dim)
-        self.value = nn.Linear(dim, dim)
-        self.calls = 0
+        self.value = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """Softmax of the query times the value."""
         return torch.softmax(self.query(x), dim=-1) * self.value(x)
 
 
-class _MLP(nn.Module):
+class _MLP(_Counted):
     """Two-layer tanh _MLP; counts its forward calls."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.up = nn.Linear(dim, 2 * dim)
-        self.down = nn.Linear(2 * dim, dim)
-        self.calls = 0
+        self.down = nn.Linear(2 * dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """Up, tanh, down."""
         return self.down(torch.tanh(self.up(x)))
 
 
@@ -147,6 +182,5 @@ class _SometimesUnused(nn.Module):
 
 
 def bucket_model() -> nn.Module:
-    """Six bias-free linear layers: once cast to float64, six parameters of 8 KiB (1024 elements) each."""
-    # Six float64 parameters of 32*32*8 = 8 KiB each.
-    return nn.Sequential(*(nn.Linear(32, 32, bias=False) for _ in range(6)))
+    """24 bias-free square linear layers: once cast to float64, 24 parameters of 2 KiB (256 elements) each."""
+    return nn.Sequential(*(nn.Linear(BUCKET_WIDTH, BUCKET_WIDTH, bias=False) for _ in range(24)))

@@ -5,11 +5,12 @@ Every public function here runs on every rank of a world (through
 (:mod:`~nemo_dist.conformance.ddp.models`) with ``torch.manual_seed`` so all
 ranks start equal, and returns plain data (CPU tensors, ints, bools, strings)
 for the parent to assert on: the manager's attributes, where the wrapped
-model lives, buffers, buckets, an unused parameter, gradients aliasing the
-buckets, recomputation under checkpointing, the autocast dtype, and the
-world setup :func:`warm_up`. The functions that train through the entry
-point and compare with a reference run are in
-:mod:`~nemo_dist.conformance.ddp.training`.
+model lives, buffers, bucket layouts, an unused parameter, gradients
+aliasing the buckets, and the world setup :func:`warm_up`. The functions that
+train through the entry point and compare with a reference run are in
+:mod:`~nemo_dist.conformance.ddp.training`; those that watch aten ops
+(recompute under checkpointing, dtypes under autocast) in
+:mod:`~nemo_dist.conformance.ddp.op_ranks`.
 
 The entry point is the one the implementation pins (``impl.ddp_api``):
 ``DDPManager(config).parallelize(model)`` or ``parallelize_ddp(model,
@@ -41,32 +42,26 @@ from nemo_dist.conformance.ddp.entry_point import (
     ddp_device_ids,
     device_indices,
     device_of,
-    dtype_of,
-    grads_of,
     local_rows,
     parallelizer,
     params_of,
     seeded,
     sgd_step,
-    square_loss,
 )
 from nemo_dist.conformance.ddp.models import (
+    BUCKET_WIDTH,
     DIM,
     _Buffered,
-    _MultimodalModel,
     _SometimesUnused,
     _TinyModel,
     bucket_model,
-    multimodal_blocks,
 )
 from nemo_dist.conformance.target import Implementation
 
 __all__ = [
     "CONFIG_FIELDS",
-    "autocast_output_dtype",
     "bucket_layouts",
     "buffer_sync",
-    "checkpoint_recompute",
     "grad_bucket_aliasing",
     "manager_attributes",
     "placement",
@@ -181,61 +176,61 @@ def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list
     return {"after_init": after_init, "forward1": model.seen[0].tolist(), "forward2": model.seen[1].tolist()}
 
 
-def _recording_hook(record: list[list[int]]) -> Any:
+def _bucket_layout(wrapped: DistributedDataParallel, steps: int) -> list[list[int]]:
+    """The buckets a comm hook sees on step ``steps``, in bucket order: each the indices of its parameters."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+    positions = {p.data_ptr(): index for index, p in enumerate(wrapped.module.parameters())}
+    record: list[dict[int, list[int]]] = []
+
     def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
-        record[-1].append(int(bucket.buffer().numel()))
+        record[-1][bucket.index()] = [positions.get(p.data_ptr(), -1) for p in bucket.parameters()]
         return allreduce_hook(state, bucket)
 
-    return hook
-
-
-def _bucket_sizes(wrapped: DistributedDataParallel, steps: int) -> list[int]:
-    record: list[list[int]] = []
-    wrapped.register_comm_hook(None, _recording_hook(record))
-    x = torch.ones(2, 32, dtype=torch.float64, device=device_of(wrapped))
+    wrapped.register_comm_hook(None, hook)
+    x = torch.ones(2, BUCKET_WIDTH, dtype=torch.float64, device=device_of(wrapped))
     for _ in range(steps):
-        record.append([])
+        record.append({})
         wrapped(x).square().sum().backward()
         sgd_step(wrapped, 0.0)
-    return sorted(record[-1])
+    return [record[-1][index] for index in sorted(record[-1])]
 
 
-def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -> dict[str, list[int]] | NotDDP:
-    """Bucket sizes (elements, sorted) seen by a comm hook on step ``steps`` for each cap.
+def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -> dict[str, Any] | NotDDP:
+    """Per cap: the bucket layout of the entry point's DDP and of torch's own DDP given that cap.
 
-    The model has six 1024-element float64 parameters.  Key ``"plain"`` is
-    torch's own DDP built with no ``bucket_cap_mb``, for comparison with None,
-    on the device the manager put its model on.  When the entry point does not
-    return a DDP: :class:`NotDDP`.
+    The model (:func:`~nemo_dist.conformance.ddp.models.bucket_model`) has 24
+    float64 parameters of 2 KiB. A layout is what a comm hook sees on step
+    ``steps`` (DDP has rebuilt its buckets by then: SPEC section 6): the
+    buckets in order, each the indices of its parameters in
+    ``model.parameters()`` order. Returns ``{repr(cap): {"got": layout,
+    "torch": layout}}``; torch's DDP is built on the device the entry point
+    put its model on, with ``bucket_cap_mb=cap`` (nothing for None) and the
+    entry point's DDP's ``find_unused_parameters`` and
+    ``gradient_as_bucket_view`` (the first changes when buckets are rebuilt).
+    When the entry point does not return a DDP: :class:`NotDDP`.
     """
-    layouts: dict[str, list[int]] = {}
-    device = torch.device("cpu")
+    layouts: dict[str, Any] = {}
     for cap in caps:
         wrapped = parallelizer(impl, {"bucket_cap_mb": cap}).parallelize(seeded(bucket_model, 2))
         if not isinstance(wrapped, DistributedDataParallel):
             return NotDDP(type(wrapped).__name__)
         device = device_of(wrapped)
-        layouts[repr(cap)] = _bucket_sizes(wrapped, steps)
-    plain = DistributedDataParallel(seeded(bucket_model, 2).to(device), device_ids=ddp_device_ids(device))
-    layouts["plain"] = _bucket_sizes(plain, steps)
+        # The other options that shape buckets as the entry point's DDP has them (SPEC section 6).
+        options: dict[str, Any] = {
+            name: getattr(wrapped, name) for name in ("find_unused_parameters", "gradient_as_bucket_view")
+        }
+        if cap is not None:
+            options["bucket_cap_mb"] = cap
+        plain = DistributedDataParallel(
+            seeded(bucket_model, 2).to(device), device_ids=ddp_device_ids(device), **options
+        )
+        layouts[repr(cap)] = {"got": _bucket_layout(wrapped, steps), "torch": _bucket_layout(plain, steps)}
     return layouts
 
 
-def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict[str, Any] | NotDDP:
-    """Train two iterations of a model whose forward skips a parameter.
-
-    Returns ``{"error": message or None, "params": parameters after the steps}``;
-    the DDP error is caught on the rank so every rank reports it. When the
-    entry point does not return a DDP, :class:`NotDDP`.
-    """
-    model = seeded(_SometimesUnused, 3)
-    wrapped = parallelizer(impl, {"find_unused_parameters": find_unused_parameters}).parallelize(model)
-    if not isinstance(wrapped, DistributedDataParallel):
-        return NotDDP(type(wrapped).__name__)
-    global_x = torch.arange(4 * dist.get_world_size() * DIM, dtype=torch.float64).reshape(-1, DIM) / 50
-    x = local_rows(global_x, device_of(model))
+def _train_unused(wrapped: nn.Module, model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
+    """Two SGD steps; ``{"error": DDP's message or None, "params": parameters after them ([] on error)}``."""
     try:
         for _ in range(2):
             wrapped(x).square().mean().backward()
@@ -243,6 +238,29 @@ def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict
     except RuntimeError as error:
         return {"error": str(error), "params": []}
     return {"error": None, "params": params_of(model)}
+
+
+def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict[str, Any] | NotDDP:
+    """Train two iterations of a model whose forward skips a parameter, and torch's own DDP beside it.
+
+    Returns ``{"error": message or None, "params": parameters after the steps,
+    "torch": the same from a plain ``DistributedDataParallel`` built with this
+    ``find_unused_parameters``}``; the DDP error is caught on the rank so every
+    rank reports it. When the entry point does not return a DDP, :class:`NotDDP`.
+    """
+    model = seeded(_SometimesUnused, 3)
+    wrapped = parallelizer(impl, {"find_unused_parameters": find_unused_parameters}).parallelize(model)
+    if not isinstance(wrapped, DistributedDataParallel):
+        return NotDDP(type(wrapped).__name__)
+    device = device_of(model)
+    global_x = torch.arange(4 * dist.get_world_size() * DIM, dtype=torch.float64).reshape(-1, DIM) / 50
+    x = local_rows(global_x, device)
+    got = _train_unused(wrapped, model, x)
+    plain = seeded(_SometimesUnused, 3).to(device)
+    torch_ddp = DistributedDataParallel(
+        plain, device_ids=ddp_device_ids(device), find_unused_parameters=find_unused_parameters
+    )
+    return {**got, "torch": _train_unused(torch_ddp, plain, x)}
 
 
 def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, steps: int) -> list[list[bool]] | NotDDP:
@@ -265,7 +283,7 @@ def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, st
         return allreduce_hook(state, bucket)
 
     wrapped.register_comm_hook(None, hook)
-    x = torch.ones(2, 32, dtype=torch.float64, device=device_of(model))
+    x = torch.ones(2, BUCKET_WIDTH, dtype=torch.float64, device=device_of(model))
     verdicts: list[list[bool]] = []
     for _ in range(steps):
         ranges.clear()
@@ -275,45 +293,6 @@ def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, st
         )
         sgd_step(model, 0.01)
     return verdicts
-
-
-
-def checkpoint_recompute(
-    impl: Implementation, mode: bool | str, scopes: list[Any], global_x: torch.Tensor
-) -> dict[str, Any]:
-    """For each scope: which blocks' attn/mlp ran again in backward, and the gradients.
-
-    Returns ``{"trainable": {block: bool}, "plain_grads": [...], "scopes": {repr(scope):
-    {"recomputed": {block: (attn runs in backward, mlp runs in backward)}, "grads": [...]}},
-    "dtype": the wrapped model's parameter dtype}``, with ``plain_grads`` from the same
-    model wrapped without checkpointing; inputs follow the wrapped model's device and dtype.
-    """
-    plain = seeded(_MultimodalModel, 6)
-    plain_wrapped = parallelizer(impl, {}).parallelize(plain)  # kept alive through backward
-    x = local_rows(global_x, device_of(plain)).to(dtype_of(plain))
-    square_loss(plain_wrapped(x)).backward()
-    result: dict[str, Any] = {"plain_grads": grads_of(plain), "scopes": {}, "dtype": str(dtype_of(plain))}
-    for scope in scopes:
-        model = seeded(_MultimodalModel, 6)
-        blocks = multimodal_blocks(model)
-        result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
-        config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
-        wrapped = parallelizer(impl, config).parallelize(model)
-        loss = square_loss(wrapped(x.to(device_of(model), dtype_of(model))))
-        before = {name: (b.attn.calls, b.mlp.calls) for name, (b, _) in blocks.items()}
-        loss.backward()
-        recomputed = {
-            name: (b.attn.calls - before[name][0], b.mlp.calls - before[name][1]) for name, (b, _) in blocks.items()
-        }
-        result["scopes"][repr(scope)] = {"recomputed": recomputed, "grads": grads_of(model)}
-    return result
-
-
-def autocast_output_dtype(impl: Implementation, autocast_dtype: Any) -> str:
-    """The dtype (as a string) of a float32 tiny model's output through the wrapper."""
-    model = seeded(_TinyModel, 7, torch.float32)
-    wrapped = parallelizer(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
-    return str(wrapped(torch.ones(2, DIM, device=device_of(model), dtype=dtype_of(model))).dtype)
 
 
 

@@ -57,9 +57,10 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
     ``checkpointed``: the tiny model with checkpointed blocks; ``unused``: a model
     with a parameter that is never used (the non-static run uses
     ``find_unused_parameters=True``).  Returns for each the DDP objects'
-    ``static_graph`` attributes (``static_graph=True`` and the default) and
-    the parameters of both runs after ``steps``; :class:`NotDDP` when the
-    entry point does not return a DDP.
+    ``static_graph`` attributes (``static_graph=True`` and the default), the
+    parameters of both runs after ``steps`` and the error DDP raised in the
+    static run (None; the parameters [] when it raised); :class:`NotDDP` when
+    the entry point does not return a DDP.
     """
     runs: dict[str, Any] = {}
     settings = {
@@ -72,7 +73,10 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
         if not isinstance(wrapped, DistributedDataParallel):
             return NotDDP(type(wrapped).__name__)
         x = local_rows(global_x, device_of(model))
-        static_params = _train(wrapped, model, x, steps, 0.1)
+        try:
+            static_params, error = _train(wrapped, model, x, steps, 0.1), None
+        except RuntimeError as raised:  # DDP's own error (an unused parameter without a static graph), on every rank
+            static_params, error = [], str(raised)
         other = seeded(factory, 5)
         dynamic = parallelizer(impl, dynamic_extra).parallelize(other)
         dynamic_params = _train(dynamic, other, x, steps, 0.1)
@@ -81,6 +85,7 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
             "default_static_graph": getattr(dynamic, "static_graph", None),
             "static": static_params,
             "dynamic": dynamic_params,
+            "error": error,
         }
     return runs
 

@@ -1,0 +1,120 @@
+"""Rank-side functions of the checks that watch aten ops: recompute under checkpointing, dtypes under autocast.
+
+Every public function here runs on every rank of a world (through
+``World.run``), wraps seeded models through the implementation's entry point
+(:func:`~nemo_dist.conformance.ddp.entry_point.parallelizer`) and observes the
+ops they execute with the dispatch modes of :mod:`~nemo_dist.conformance.ddp.ops`:
+
+- :func:`checkpoint_recompute`: per block, how often its attention and MLP ran
+  forward again during backward and how many of its matmuls ran again, beside
+  how many it ran forward; the gradients beside those of an uncheckpointed copy.
+- :func:`autocast_ops`: under ``autocast_dtype``, the dtypes of the parameters,
+  of every matmul and every floating-point op of the forward and of the
+  gradients, and the gradients beside those of an explicit ``torch.autocast``
+  reference in one process on the full batch.
+
+Models are built on CPU; inputs and reference copies follow the wrapped
+model's device and dtype, and tensors go back as CPU copies, so the same
+functions run in gloo and NCCL worlds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import set_checkpoint_early_stop
+
+from nemo_dist.conformance.ddp.entry_point import (
+    device_of,
+    dtype_of,
+    grads_of,
+    local_rows,
+    parallelizer,
+    seeded,
+    square_loss,
+)
+from nemo_dist.conformance.ddp.models import _MultimodalModel, _TinyModel, multimodal_blocks
+from nemo_dist.conformance.ddp.ops import MatmulCounter, OpDtypes
+from nemo_dist.conformance.target import Implementation
+
+__all__ = ["autocast_ops", "checkpoint_recompute"]
+
+
+def checkpoint_recompute(
+    impl: Implementation, mode: bool | str, scopes: list[Any], global_x: torch.Tensor
+) -> dict[str, Any]:
+    """For each scope: per block, its sub-modules' forward runs and its matmuls in backward; the gradients.
+
+    Returns ``{"trainable": {block: bool}, "plain_grads": [...], "dtype": the wrapped
+    model's parameter dtype, "scopes": {repr(scope): {"recomputed": {block: (attn runs,
+    mlp runs, matmuls, in backward; matmuls in forward)}, "grads": [...]}}}``, with
+    ``plain_grads`` from the same model wrapped without checkpointing.
+
+    The forward runs with torch's checkpoint early stop off, so a checkpointed
+    region recomputes to its end: full checkpointing then runs every matmul of
+    a selected block again, and a selective policy fewer (those whose outputs
+    it saved are not run again).
+    """
+    plain = seeded(_MultimodalModel, 6)
+    plain_wrapped = parallelizer(impl, {}).parallelize(plain)  # kept alive through backward
+    x = local_rows(global_x, device_of(plain)).to(dtype_of(plain))
+    square_loss(plain_wrapped(x)).backward()
+    result: dict[str, Any] = {"plain_grads": grads_of(plain), "scopes": {}, "dtype": str(dtype_of(plain))}
+    for scope in scopes:
+        model = seeded(_MultimodalModel, 6)
+        blocks = multimodal_blocks(model)
+        result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
+        config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
+        wrapped = parallelizer(impl, config).parallelize(model)
+        with MatmulCounter(), set_checkpoint_early_stop(False):
+            loss = square_loss(wrapped(x.to(device_of(model), dtype_of(model))))
+        before = {name: (b.attn.calls, b.mlp.calls, b.attn.matmuls + b.mlp.matmuls) for name, (b, _) in blocks.items()}
+        with MatmulCounter():
+            loss.backward()
+        recomputed = {
+            name: (
+                b.attn.calls - before[name][0],
+                b.mlp.calls - before[name][1],
+                b.attn.matmuls + b.mlp.matmuls - before[name][2],
+                before[name][2],
+            )
+            for name, (b, _) in blocks.items()
+        }
+        result["scopes"][repr(scope)] = {"recomputed": recomputed, "grads": grads_of(model)}
+    return result
+
+
+def autocast_ops(impl: Implementation, autocast_dtype: Any, global_x: torch.Tensor) -> dict[str, Any]:
+    """Train step of a float32 tiny model with ``autocast_dtype``: what ran in which dtype, and the gradients.
+
+    Returns ``{"params": parameter dtypes after wrapping, "output": the wrapped
+    output's dtype, "matmuls": the output dtype of every matmul of the forward,
+    "floating": {"op: dtype"} of every floating-point output of the forward,
+    "grad_dtypes": gradient dtypes, "grads": [...], "reference": [...]}``
+    (dtypes as strings). ``reference`` holds the gradients of the same model in
+    one process on the full batch, its forward under an explicit
+    ``torch.autocast(device type, autocast_dtype)`` (disabled for None), the
+    loss in float32 outside it, as the wrapped run computes it.
+    """
+    model = seeded(_TinyModel, 7, torch.float32)
+    wrapped = parallelizer(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
+    device, dtype = device_of(model), dtype_of(model)
+    params = sorted({str(p.dtype) for p in model.parameters()})
+    recorder = OpDtypes()
+    with recorder:
+        out = wrapped(local_rows(global_x, device).to(dtype))
+    square_loss(out).backward()
+    reference = seeded(_TinyModel, 7, torch.float32).to(device)
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        full = reference(global_x.to(device, torch.float32))
+    square_loss(full).backward()
+    return {
+        "params": params,
+        "output": str(out.dtype),
+        "matmuls": recorder.matmuls,
+        "floating": sorted(recorder.floating),
+        "grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None}),
+        "grads": grads_of(model),
+        "reference": grads_of(reference),
+    }
