@@ -12,7 +12,8 @@ nemo_dist promises beyond it.
 
 The package is laid out in three layers (``docs/ARCHITECTURE.md``):
 
-- the engine: :mod:`.target` (what is checked), :mod:`.registry` (the one
+- the engine: :mod:`.target` (what is checked; :mod:`.callables`, how a
+  gather callable is called), :mod:`.registry` (the one
   list of checks and its expansion into runs), :mod:`.verdicts`,
   :mod:`.runner`, :mod:`.deadlines`, :mod:`.report`, :mod:`.inworld`
   (torchrun mode); it imports no suite;

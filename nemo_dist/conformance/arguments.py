@@ -81,7 +81,17 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="a keyword passed on every call of --gather-fn (and --no-grad-fn), VALUE a Python literal, such as "
-        "--gather-kwarg dim=0; repeat it for more (group= and uneven= are the checks' to pass)",
+        "--gather-kwarg dim=0, or a symbol filled per call: @out_buffers (W empty tensors like x), @row_sizes "
+        "(every rank's rows), @world_size, @rank, @group; a *args name spreads a list; repeatable (group= and "
+        "uneven= are the checks' to pass)",
+    )
+    p.add_argument(
+        "--gather-init",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="--gather-fn names a class (an nn.Module, say) built once per rank with this keyword, then called: "
+        "such as --gather-init dim=0; VALUE a Python literal or @group/@rank/@world_size; repeatable",
     )
     p.add_argument(
         "--gather-output",

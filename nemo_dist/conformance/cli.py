@@ -108,6 +108,7 @@ def _options(
             gather_form=args.gather_form,
             gather_kwargs=args.gather_kwarg,
             gather_output=args.gather_output,
+            gather_init=args.gather_init,
         )
         validate_implementation(impl)
     except OptionError as exc:

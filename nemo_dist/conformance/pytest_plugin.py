@@ -10,7 +10,8 @@ checks only those components; naming none checks the bundled ones),
 ``--conformance-gather-fn MODULE:NAME`` (one all-gather callable, with
 ``--conformance-no-grad-fn``, ``--conformance-gather-form``, and how to call
 it: ``--conformance-gather-kwarg NAME=VALUE``, repeatable, and
-``--conformance-gather-output INDEX``),
+``--conformance-gather-output INDEX``; a class built before it is called:
+``--conformance-gather-init NAME=VALUE``, repeatable),
 ``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
 ``--conformance-max-examples``, ``--conformance-backend`` (gloo, nccl) and
 ``--conformance-min-deadline`` and
@@ -78,6 +79,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="a keyword passed on every call of the callable, VALUE a Python literal (dim=0); repeatable",
     )
     group.addoption(
+        "--conformance-gather-init",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a constructor keyword of a callable that is a class (built once per rank, then called), such as dim=0",
+    )
+    group.addoption(
         "--conformance-gather-output",
         metavar="INDEX",
         help="the index of the gathered value in the callable's tuple or list return (0 for (gathered, sizes))",
@@ -128,6 +136,7 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             gather_form=config.getoption("--conformance-gather-form"),
             gather_kwargs=config.getoption("--conformance-gather-kwarg"),
             gather_output=config.getoption("--conformance-gather-output"),
+            gather_init=config.getoption("--conformance-gather-init"),
         )
         validate_implementation(impl)
     except OptionError as exc:
@@ -236,6 +245,7 @@ _REPEATED = (
     "--conformance-gather-form",
     "--conformance-gather-kwarg",
     "--conformance-gather-output",
+    "--conformance-gather-init",
     "--conformance-ddp",
     "--conformance-config",
     "--conformance-preset",
@@ -291,6 +301,8 @@ def check_holds(
             if is_not_supported(exc):
                 pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
             cause = getattr(exc, "likely_cause", "") or _missing_parameter_cause(case.impl, exc)
+            if not cause and config.getoption("--conformance-backend") == "gloo":
+                cause = _cuda_cause(case.impl, exc)
             if cause:
                 add_note(exc, f"Likely cause: {cause}")
             if reproduce:
@@ -311,3 +323,16 @@ def _missing_parameter_cause(impl: Implementation | None, exc: BaseException) ->
         f"{impl.gather_fn} was called without its required parameter {names[0]!r}; pass it on every call "
         f"with {option_name('gather_kwarg')} {names[0]}=VALUE"
     )
+
+
+def _cuda_cause(impl: Implementation | None, exc: BaseException) -> str:
+    """For a callable whose ranks failed speaking of CUDA in a gloo (CPU) run: the option that runs it on GPUs."""
+    from nemo_dist.conformance.callables import mentions_cuda
+
+    if impl is None or impl.gather_fn is None:
+        return ""
+    # The raising line (assert x.is_cuda) or the error's own line, not any line of a traceback.
+    lines = [line.strip() for line in str(exc).splitlines()]
+    if not any(mentions_cuda(line) and (line.startswith("assert ") or "Error: " in line) for line in lines):
+        return ""
+    return f"{impl.gather_fn} needs CUDA (its error speaks of it); run it on GPUs with --conformance-backend nccl"

@@ -12,9 +12,7 @@ names (:meth:`OptionError.worded`).
 
 from __future__ import annotations
 
-import ast
 import importlib
-import inspect
 import re
 import traceback
 from collections.abc import Callable, Sequence
@@ -36,8 +34,6 @@ __all__ = [
     "OptionError",
     "checked_components",
     "import_components",
-    "parse_gather_kwargs",
-    "parse_gather_output",
     "resolve_callable",
     "resolve_implementation",
     "validate_implementation",
@@ -58,6 +54,7 @@ COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config")
 #: Option fields an :class:`OptionError` message may name (as ``{opt:FIELD}``).
 OPTION_FIELDS: tuple[str, ...] = (
     "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg", "gather_output", "gather", "ddp", "config", "preset",
+    "gather_init", "backend",
 )
 _OPTION_FIELD = re.compile(r"\{opt:(" + "|".join(OPTION_FIELDS) + r")\}")
 
@@ -114,9 +111,13 @@ class Implementation:
     ``no_grad_fn`` is its no-grad counterpart (default: ``gather_fn`` under
     ``torch.no_grad()``). ``gather_kwargs`` are ``(name, Python literal)``
     pairs passed as keywords on every call of either callable (kept as text
-    so the object stays hashable; :meth:`gather_call_kwargs` evaluates them);
+    so the object stays hashable; :meth:`gather_call_kwargs` evaluates them;
+    ``@name`` is a symbol each call fills, see
+    :data:`~nemo_dist.conformance.callables.SYMBOLS`);
     ``gather_output`` picks the gathered value out of a tuple or list return
-    (``None``: the return is the gathered value). ``ddp_api`` pins the DDP entry point the rank
+    (``None``: the return is the gathered value). ``gather_init`` are the
+    same pairs for a class built once per rank before it is called
+    (``--gather-init``). ``ddp_api`` pins the DDP entry point the rank
     functions use (``"parallelize_ddp"`` or ``"DDPManager"``; ``None``: the
     manager when the module has one). The object pickles as its strings.
     """
@@ -130,6 +131,7 @@ class Implementation:
     ddp_api: str | None = None
     gather_kwargs: tuple[tuple[str, str], ...] = ()
     gather_output: int | None = None
+    gather_init: tuple[tuple[str, str], ...] = ()
 
     def module(self, component: str) -> ModuleType:
         """Import and return the module of ``component`` ("gather", "ddp" or "config").
@@ -151,15 +153,24 @@ class Implementation:
         """How reports name the gather target: the callable (with its keywords and output index), else the module."""
         if self.gather_fn is None:
             return self.gather or "-"
-        if not self.gather_kwargs and self.gather_output is None:
+        if not self.gather_kwargs and self.gather_output is None and not self.gather_init:
             return self.gather_fn
         keywords = "".join(f", {name}={value}" for name, value in self.gather_kwargs)
+        built = f"({', '.join(f'{name}={value}' for name, value in self.gather_init)})" if self.gather_init else ""
         picked = "" if self.gather_output is None else f"[{self.gather_output}]"
-        return f"{self.gather_fn}(x{keywords}){picked}"
+        return f"{self.gather_fn}{built}(x{keywords}){picked}"
 
     def gather_call_kwargs(self) -> dict[str, Any]:
-        """The keywords ``gather_kwargs`` names, their values evaluated (``ast.literal_eval``)."""
-        return {name: ast.literal_eval(value) for name, value in self.gather_kwargs}
+        """The keywords ``gather_kwargs`` names, their values evaluated (a literal, or a ``Symbol`` for ``@name``)."""
+        from nemo_dist.conformance.callables import value_of
+
+        return {name: value_of(value) for name, value in self.gather_kwargs}
+
+    def gather_init_kwargs(self) -> dict[str, Any]:
+        """The constructor keywords ``gather_init`` names, evaluated as :meth:`gather_call_kwargs` does."""
+        from nemo_dist.conformance.callables import value_of
+
+        return {name: value_of(value) for name, value in self.gather_init}
 
     def ddp_apis(self) -> tuple[str, ...]:
         """The DDP entry points the ddp module defines (``ddp_api`` alone when pinned), in :data:`DDP_APIS` order."""
@@ -218,56 +229,6 @@ def _import(path: str) -> ModuleType:
         raise OptionError(f"{last}{hint}") from None
 
 
-def parse_gather_kwargs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    """``NAME=VALUE`` texts as ``(name, literal)`` pairs, each value a Python literal (``ast.literal_eval``).
-
-    Raises ``OptionError`` for a malformed item, a value that is not a
-    literal, a name given twice, or a name the checks pass themselves (a
-    process group, ``uneven``).
-    """
-    pairs: dict[str, str] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        name = name.strip()
-        if not sep or not name.isidentifier():
-            raise OptionError(
-                f"{{opt:gather_kwarg}} expects NAME=VALUE (VALUE a Python literal), such as "
-                f"{{opt:gather_kwarg}} dim=0; got {item!r}"
-            )
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise OptionError(
-                f"{{opt:gather_kwarg}} {item!r}: {text.strip()!r} is not a Python literal (a number, string, "
-                f"True/False/None, tuple, list or dict of them); quote a string: {name}='text'"
-            ) from None
-        if name in GROUP_PARAMETERS or name == "uneven":
-            raise OptionError(
-                f"{{opt:gather_kwarg}} {item!r}: the checks pass {name}= themselves (a process group, or "
-                "uneven=True, where a check needs one); leave it out"
-            )
-        if name in pairs:
-            raise OptionError(f"{{opt:gather_kwarg}} names {name!r} twice; give each keyword once")
-        pairs[name] = repr(value)
-    return tuple(pairs.items())
-
-
-def parse_gather_output(text: str | int | None) -> int | None:
-    """The ``--gather-output`` index (an int >= 0), or None when not given; ``OptionError`` for anything else."""
-    if text is None:
-        return None
-    try:
-        index = int(str(text).strip())
-    except ValueError:
-        index = -1
-    if index < 0:
-        raise OptionError(
-            "{opt:gather_output} expects the index (>= 0) of the gathered tensor in a tuple or list return, "
-            f"such as {{opt:gather_output}} 0; got {str(text)!r}"
-        )
-    return index
-
-
 def resolve_implementation(
     *,
     gather: str | None = None,
@@ -279,6 +240,7 @@ def resolve_implementation(
     gather_form: str = "auto",
     gather_kwargs: Sequence[str] = (),
     gather_output: str | int | None = None,
+    gather_init: Sequence[str] = (),
 ) -> tuple[Implementation, tuple[str, ...]]:
     """The implementation the options name and the components to check.
 
@@ -287,9 +249,12 @@ def resolve_implementation(
     the others (a DDP check needs a config class); naming nothing checks the
     bundled modules. ``gather_fn`` checks one callable as the gather component;
     ``gather_kwargs`` (``NAME=VALUE`` texts) and ``gather_output`` (an index)
-    say how to call it (:func:`parse_gather_kwargs`, :func:`parse_gather_output`).
+    say how to call it, ``gather_init`` how to build a class before
+    (:mod:`~nemo_dist.conformance.callables`).
     Raises ``OptionError`` for a bad combination; nothing is imported here.
     """
+    from nemo_dist.conformance.callables import parse_gather_init, parse_gather_kwargs, parse_gather_output
+
     if gather_form not in GATHER_FORMS:
         raise OptionError(f"{{opt:gather_form}} expects one of {', '.join(GATHER_FORMS)}; got {gather_form!r}")
     if gather_fn is not None and gather is not None:
@@ -302,7 +267,10 @@ def resolve_implementation(
         raise OptionError("{opt:gather_form} applies to a {opt:gather_fn} callable only")
     kwargs = parse_gather_kwargs(gather_kwargs)
     output = parse_gather_output(gather_output)
-    for field, given in (("gather_kwarg", bool(kwargs)), ("gather_output", output is not None)):
+    init = parse_gather_init(gather_init)
+    for field, given in (
+        ("gather_kwarg", bool(kwargs)), ("gather_output", output is not None), ("gather_init", bool(init))
+    ):
         if given and gather_fn is None:
             raise OptionError(
                 f"{{opt:{field}}} applies to a {{opt:gather_fn}} callable only (a module's functions are "
@@ -315,6 +283,7 @@ def resolve_implementation(
         "gather_form": gather_form,
         "gather_kwargs": kwargs,
         "gather_output": output,
+        "gather_init": init,
     }
     if gather_fn is not None:
         named["gather"] = None  # type: ignore[assignment]  # the callable replaces the module
@@ -345,6 +314,8 @@ def validate_implementation(impl: Implementation) -> None:
 
     Raises ``OptionError`` naming the option, the module and the remedy.
     """
+    from nemo_dist.conformance.callables import check_call
+
     for component in COMPONENTS:
         path = getattr(impl, component)
         if path is None:
@@ -372,42 +343,7 @@ def validate_implementation(impl: Implementation) -> None:
                 found = resolve_callable(spec)
             except OptionError as exc:
                 raise OptionError(f"{{opt:{field}}}: {exc.template}") from None
-            _check_call(field, spec, found, impl)
-
-
-def _check_call(field: str, spec: str, found: Any, impl: Implementation) -> None:
-    """Raise ``OptionError`` when the signature of ``found`` rules out the call the checks make.
-
-    A required parameter no ``gather_kwargs`` fills is a ``MissingParameter``;
-    a keyword the callable cannot take is an ``OptionError``. The checks pass
-    a process group and ``uneven=`` themselves, so those are not asked for.
-    """
-    from nemo_dist.conformance import signature
-
-    parameters = signature.parameters_after_x(found)
-    if parameters is None:
-        return  # unreadable (a builtin): the first call in each world tells
-    given = [name for name, _ in impl.gather_kwargs]
-    missing = signature.unfilled(parameters, given, (*GROUP_PARAMETERS, "uneven"))
-    if missing:
-        kinds = {p.name: p.kind for p in parameters}
-        keyword = " keyword-only" if kinds[missing[0]] is inspect.Parameter.KEYWORD_ONLY else ""
-        names = ", ".join(repr(n) for n in missing)
-        flags = " ".join(f"{{opt:gather_kwarg}} {n}=VALUE" for n in missing)
-        plural = "s" if len(missing) > 1 else ""
-        raise MissingParameter(
-            f"{{opt:{field}}} {spec} has required{keyword} parameter{plural} {names} that no option fills; "
-            f"pass {'them' if plural else 'it'} on every call with {flags} (VALUE a Python literal, such as "
-            f"{missing[0]}=0)",
-            missing[0],
-        )
-    unknown = signature.not_taken(parameters, given, signature.is_function_class(found))
-    if unknown:
-        takes = ", ".join(p.name for p in parameters) or "nothing"
-        raise OptionError(
-            f"{{opt:gather_kwarg}} {unknown[0]}=...: {spec} takes no parameter {unknown[0]!r} (after x it takes: "
-            f"{takes}); drop it or fix the name"
-        )
+            check_call(field, spec, found, impl)
 
 
 #: The bundled implementation.

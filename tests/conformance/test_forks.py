@@ -89,6 +89,9 @@ TARGETS: dict[str, tuple[Implementation, tuple[str, ...], tuple[int, ...]]] = {
     "upstream_faithful": (*_trio("upstream_faithful"), (1, 2)),
     "upstream_faithful_bf16_ddp": (*_alone("upstream_faithful_bf16_ddp"), (1,)),
 }
+#: Broken forks whose bug needs a subgroup, which the group checks make in worlds of 3 or more.
+for _fork in ("broken_gather_group_rank_from_first_member", "broken_gather_uneven_group_global_rank"):
+    TARGETS[_fork] = (*_alone(_fork), (3,))
 COVERED = {f for f in _FORK_FILES if f.startswith(("broken_", "independent_", "upstream_faithful_"))} | {
     "upstream_style_gather"
 }
@@ -183,6 +186,13 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_gather_backward_views_grad": [
         ("gather.backward_with_non_contiguous_gradients", "raised RuntimeError: view size is not compatible")
     ],
+    "broken_gather_group_rank_from_first_member": [("gather.group_uses_group_ranks", "IndexError|gradient of x")],
+    "broken_gather_uneven_group_global_rank": [
+        ("gather.uneven_with_group_gathers_group_rows", "IndexError|invalid gradient|gradient of x")
+    ],
+    "broken_gather_uneven_pads_with_nan": [
+        ("gather.uneven_no_grad_gathers_integers_and_bools", "value cannot be converted to type")
+    ],
 }
 #: Broken forks whose failures name a likely cause (world of 2), and the cause's first words.
 LIKELY_CAUSES = {
@@ -194,6 +204,7 @@ LIKELY_CAUSES = {
     "broken_gather_drops_own_rows": "each rank's own rows are missing from its output",
     "broken_gather_reduces_float64_in_float32": "reduced in float32: gradients match a float32 reduction of float64",
     "broken_gather_reduces_float32_in_bfloat16": "reduced in bfloat16: gradients match a bfloat16 reduction of float32",
+    "broken_gather_group_rank_from_first_member": "wrong only in groups of interleaved ranks",
 }
 #: What upstream does not promise, as (check, world size) failures of the extended tier in worlds of 0 and 1.
 UPSTREAM_EXTENDED_FINDINGS = {
@@ -298,18 +309,18 @@ ONE_FIELD_DDP_FORKS = frozenset(f for f in GUARDS if f.startswith("broken_ddp_")
 
 @pytest.mark.parametrize("fork", _params(sorted(set(GUARDS) - CRASHING), thorough=ONE_FIELD_DDP_FORKS))
 def test_broken_fork_gets_a_verdict_on_every_check_of_its_component(fork: str, world_factory: WorldFactory) -> None:
-    """Every check of the fork's component runs once, unshrunk, in a world of 2: one verdict each, failures explained.
+    """Every check of the fork's component runs once, unshrunk, in its world (2; 3 for a subgroup bug): a verdict each.
 
     The guard test judges the fork on its guarding checks; this cheap run
     proves the tool itself copes with the fork everywhere else (a verdict per
     run, a message on every failure, a table that lists them all).
     """
-    impl, components, _ = TARGETS[fork]
+    impl, components, sizes = TARGETS[fork]
     checks = [c for c in select(load_checks().values(), impl, "all", None, components) if "real_models" not in c.name]
     with changed_profile(phases=[Phase.explicit, Phase.generate]):
-        report = run_checks(checks, impl, (2,), max_examples=1, worlds=world_factory, components=components)
+        report = run_checks(checks, impl, sizes[:1], max_examples=1, worlds=world_factory, components=components)
     table = format_report(report)
-    expected = [case.name for case in cases(checks, impl, (2,))]
+    expected = [case.name for case in cases(checks, impl, sizes[:1])]
     assert sorted(v.check for v in report.verdicts) == sorted(expected), table
     explained = [v for v in report.verdicts if v.outcome in ("fail", "hang", "not supported", "not applicable")]
     assert all(v.message for v in explained), table
@@ -365,7 +376,12 @@ def test_upstream_style_gather_conforms_and_its_missing_keywords_are_not_support
     report, table = _report(fork, world_factory)
     assert report.exit_code() == 0, table
     unsupported = {v.check: v.message for v in report.verdicts if v.outcome == "not supported"}
-    needs = (("gather.uneven_gathers_rows_in_rank_order", "uneven"), ("gather.group_uses_group_ranks", "group"))
+    needs = (
+        ("gather.uneven_gathers_rows_in_rank_order", "uneven"),
+        ("gather.group_uses_group_ranks", "group"),
+        ("gather.uneven_with_group_gathers_group_rows", "group"),
+        ("gather.uneven_no_grad_gathers_integers_and_bools", "uneven"),
+    )
     for check, keyword in needs:
         assert f"takes no {keyword}= keyword" in unsupported.get(check, ""), table
 

@@ -1,22 +1,26 @@
 """Layer 2: gloo worlds of 2 and 3 ranks. The gallery of public all-gather patterns, checked with ``--gather-fn``.
 
 Each fork under ``tests/forks/gallery_*`` is one pattern common in public
-contrastive-learning code, written from its description in
+contrastive-learning and model-parallel code, written from its description in
 ``conformance/README.md`` (section "A gallery of all-gathers found in the
 wild"). Each is checked as a bare callable, through the same selection and
-runner as ``nemo-dist-conformance --gather-fn MODULE:NAME``, and must get the
-core verdict and likely cause the gallery promises. ``torch.distributed.nn.
+runner as ``nemo-dist-conformance --gather-fn MODULE:NAME`` (with the flags
+:data:`CALLED_WITH` gives it, never an adapter file), and must get the core
+verdict and likely cause the gallery promises. ``torch.distributed.nn.
 functional.all_gather`` is checked as it is; its gloo bug is tracked so the
 suite says when a torch release fixes it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import Phase
 
-from nemo_dist.conformance import Implementation, Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance import Implementation, OptionError, Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.arguments import option_name
 from nemo_dist.conformance.gather import ranks
 from nemo_dist.conformance.gather.diagnosis import CAUSES
 from nemo_dist.conformance.profile import changed_profile
@@ -39,7 +43,22 @@ GALLERY: list[tuple[str, int, str | None]] = [
     ("tests.forks.gallery_stacked_global_rank:AllGather", 0, None),
     ("tests.forks.gallery_subgroup_guard_hangs:GroupGather", 0, None),
     ("tests.forks.gallery_list_own_slot_is_input:gather_list", 0, None),
+    ("tests.forks.gallery_gather_forward_reduce_scatter_backward:GatherForwardReduceScatterBackward", 0, None),
+    ("tests.forks.gallery_module_all_gather:AllGather", 1, CAUSES["own"]),
+    ("tests.forks.gallery_module_all_gather:SummedAllGather", 0, None),
+    ("tests.forks.gallery_gather_into_buffers:AllGatherFunc", 1, CAUSES["times_w"]),
+    ("tests.forks.gallery_gather_v:all_gather_v", 0, None),
 ]
+#: The flags a gallery pattern is checked with (as Implementation fields), as its README command gives them.
+CALLED_WITH: dict[str, dict[str, Any]] = {
+    "tests.forks.gallery_gather_forward_reduce_scatter_backward:GatherForwardReduceScatterBackward": {
+        "gather_kwargs": (("dim", "0"),)
+    },
+    "tests.forks.gallery_module_all_gather:AllGather": {"gather_init": (("dim", "0"),), "gather_output": 0},
+    "tests.forks.gallery_module_all_gather:SummedAllGather": {"gather_init": (("dim", "0"),), "gather_output": 0},
+    "tests.forks.gallery_gather_into_buffers:AllGatherFunc": {"gather_kwargs": (("gather_list", "@out_buffers"),)},
+    "tests.forks.gallery_gather_v:all_gather_v": {"gather_kwargs": (("sizes", "@row_sizes"),)},
+}
 
 TORCH_ALL_GATHER = "torch.distributed.nn.functional:all_gather"
 
@@ -55,7 +74,7 @@ def _run(
     min_deadline: float = 10,
 ) -> tuple[Report, str]:
     """Check ``spec`` as ``--gather-fn`` does in worlds of 2 and 3 (only the checks ``names``, when given)."""
-    impl = Implementation(gather=None, gather_fn=spec)
+    impl = Implementation(gather=None, gather_fn=spec, **CALLED_WITH.get(spec, {}))
     checks = select_checks(load_checks().values(), impl, tier, select, ("gather",))
     if names:
         checks = [c for c in checks if c.name in names]
@@ -73,7 +92,9 @@ def _run(
 
 
 def _pattern(spec: str) -> str:
-    return spec.split(":")[0].rsplit(".", 1)[1].removeprefix("gallery_")
+    module, name = spec.split(":")
+    pattern = module.rsplit(".", 1)[1].removeprefix("gallery_")
+    return f"{pattern}-{name}" if sum(g[0].startswith(f"{module}:") for g in GALLERY) > 1 else pattern
 
 
 @pytest.mark.parametrize(("spec", "exit_code", "cause"), GALLERY, ids=[_pattern(g[0]) for g in GALLERY])
@@ -122,7 +143,7 @@ def test_list_holding_x_itself_conforms_on_core(world_factory: WorldFactory) -> 
 
 def test_global_rank_in_a_subgroup_is_named_as_the_cause(world_factory: WorldFactory) -> None:
     """The Lightning-style stacked gather fails the subgroup check, which names the global-rank mix-up."""
-    report, table = _run("tests.forks.gallery_stacked_global_rank:AllGather", world_factory, "extended", "group")
+    report, table = _run("tests.forks.gallery_stacked_global_rank:AllGather", world_factory, "extended", "group_uses")
     (verdict,) = [v for v in report.verdicts if v.world_size == 3]
     assert verdict.outcome == "fail", table
     assert verdict.cause == CAUSES["subgroup_global_rank"], table
@@ -144,6 +165,46 @@ def test_a_fork_hanging_in_the_subgroup_check_gets_hang_and_the_rest_stands(worl
     assert (report.exit_code(), report.exit_code(strict=True)) == (0, 1), table
     passed = {v.check for v in report.verdicts if v.outcome == "pass"}
     assert {"gather.forward_matches_cat", *GRADIENT_CHECKS} <= passed, table
+
+
+#: The seed at which torch's AsyncCollectiveTensor was read before its collective landed (float16, strided).
+ASYNC_SEED = 1245239230
+#: Gathers returning torch's AsyncCollectiveTensor: the gallery's thin function, and torch's own (no default group).
+ASYNC_GATHERS = {
+    "gallery": Implementation(gather=None, gather_fn="tests.forks.gallery_async_functional_gather:gather_async"),
+    "torch": Implementation(
+        gather=None,
+        gather_fn="torch.distributed._functional_collectives:all_gather_tensor_autograd",
+        gather_kwargs=(("gather_dim", "0"),),
+    ),
+}
+
+
+# One xdist worker for both: the functional collectives' first call costs each rank about a second.
+@pytest.mark.xdist_group(name="functional_collectives")
+@pytest.mark.parametrize("name", list(ASYNC_GATHERS))
+def test_a_gather_returning_an_async_collective_tensor_conforms_its_result_waited_on(
+    name: str, world_factory: WorldFactory
+) -> None:
+    """Forward (at the seed whose float16 strided example read garbage) and gradient rule pass, from flags alone."""
+    impl = ASYNC_GATHERS[name]
+    wanted = ("gather.forward_matches_cat", GRADIENT_CHECKS[0])
+    checks = [c for c in load_checks().values() if c.name in wanted]
+    report = run_checks(
+        checks, impl, (2,), max_examples=10, timeout=60, worlds=world_factory, components=("gather",), seed=ASYNC_SEED
+    )
+    assert [(v.check, v.outcome) for v in report.verdicts] == [(c, "pass") for c in wanted], format_report(report)
+
+
+def test_a_gather_asserting_cuda_is_one_usage_error_saying_to_run_it_on_nccl(world_factory: WorldFactory) -> None:
+    """On gloo, its first call fails on every rank at ``assert x.is_cuda``: one usage error, no verdict per check."""
+    with pytest.raises(OptionError) as raised:
+        _run("tests.forks.gallery_gather_asserts_cuda:gather_on_cuda", world_factory, "core")
+    message = raised.value.worded(option_name)
+    assert message == (
+        "--gather-fn tests.forks.gallery_gather_asserts_cuda:gather_on_cuda needs CUDA: its first call on a CPU "
+        "tensor failed on every rank at `assert x.is_cuda`; run it on GPUs with --backend nccl (one GPU per rank)"
+    )
 
 
 _TORCH_REPORT: list[tuple[Report, str]] = []

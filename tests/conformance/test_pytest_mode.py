@@ -140,8 +140,10 @@ def test_gather_call_options_make_a_sized_gather_checkable_under_pytest() -> Non
         (("--conformance-gather-kwarg", "dim=zero"), "--conformance-gather-kwarg 'dim=zero': 'zero' is not a Python"),
         (("--conformance-gather-kwarg", "dim=0", "--conformance-gather-output", "-1"),
          "--conformance-gather-output expects the index (>= 0)"),
+        (("--conformance-gather-kwarg", "dim=0", "--conformance-gather-init", "dim=0"),
+         "--conformance-gather-init applies to a class that is built, then called (such as an nn.Module)"),
     ],
-    ids=["missing-dim", "not-a-literal", "negative-output"],
+    ids=["missing-dim", "not-a-literal", "negative-output", "init-on-a-function"],
 )
 def test_bad_gather_call_options_are_pytest_usage_errors(
     args: tuple[str, ...], message: str, pytester: pytest.Pytester

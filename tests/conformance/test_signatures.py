@@ -1,10 +1,12 @@
-"""Layer 2/3: any gather signature from the command line (``--gather-kwarg``, ``--gather-output``).
+"""Layer 2/3: any gather signature from the command line (``--gather-kwarg``, ``--gather-output``, ``--gather-init``).
 
 The fork ``tests/forks/gallery_gather_with_sizes.py`` has a required keyword
-``dim`` and returns ``(gathered, sizes)``. Usage errors are checked in-process
-through ``main(argv)`` (no world starts); the verdicts in gloo worlds of 1, 2
-and 3 ranks (the session's worlds, or the command as a subprocess for its
-exit status).
+``dim`` and returns ``(gathered, sizes)``; the other gallery forks bring a
+required process group before ``dim``, a module class built with its dim, a
+``*buffers`` parameter and a list of every rank's sizes. Usage errors are
+checked in-process through ``main(argv)`` (no world starts); the verdicts in
+gloo worlds of 1, 2 and 3 ranks (the session's worlds, or the command as a
+subprocess for its exit status).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from nemo_dist.conformance.report import format_report
 from nemo_dist.conformance.signature import arguments, missing_in, parameters_after_x
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance._cli import run_command
+from tests.forks import gallery_gather_forward_reduce_scatter_backward as colossal
+from tests.forks import gallery_gather_into_buffers as buffers
 from tests.forks import gallery_gather_with_sizes as fork
+from tests.forks import gallery_module_all_gather as module
 
 FORK = "tests.forks.gallery_gather_with_sizes"
 WITH_SIZES = f"{FORK}:gather_with_sizes"
@@ -34,7 +39,7 @@ QUICK = ("--max-examples", "3", "-q")
         ([], "--gather-fn tests.forks.gallery_gather_with_sizes:gather_with_sizes has required keyword-only "
              "parameter 'dim' that no option fills; pass it on every call with --gather-kwarg dim=VALUE"),
         (["--gather-kwarg", "dim=zero"], "--gather-kwarg 'dim=zero': 'zero' is not a Python literal"),
-        (["--gather-kwarg", "dim"], "--gather-kwarg expects NAME=VALUE (VALUE a Python literal)"),
+        (["--gather-kwarg", "dim"], "--gather-kwarg expects NAME=VALUE (VALUE a Python literal or an @symbol)"),
         (["--gather-kwarg", "dim=0", "--gather-kwarg", "dim=1"], "--gather-kwarg names 'dim' twice"),
         (["--gather-kwarg", "dim=0", "--gather-kwarg", "group=None"],
          "--gather-kwarg 'group=None': the checks pass group= themselves"),
@@ -55,7 +60,11 @@ def test_bad_gather_call_options_exit_two_naming_option_and_value(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option", [["--gather-kwarg", "dim=0"], ["--gather-output", "0"]], ids=["kwarg", "output"])
+@pytest.mark.parametrize(
+    "option",
+    [["--gather-kwarg", "dim=0"], ["--gather-output", "0"], ["--gather-init", "dim=0"]],
+    ids=["kwarg", "output", "init"],
+)
 def test_gather_call_options_apply_to_a_gather_fn_only(option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """--gather-kwarg and --gather-output with a module (or nothing) named are usage errors saying so."""
     assert main(["--gather", "nemo_dist.loss.dist_utils", *option]) == 2
@@ -195,3 +204,64 @@ def test_a_two_tensor_tuple_at_world_size_three_is_not_taken_for_the_w_tensors()
     with pytest.raises(TypeError, match=r"of shapes \(6, 3\), \(3,\) for x of shape \(2, 3\)"):
         _as_cat(out, x, "auto", "f", world_size=2)
     assert torch.equal(_as_cat(out, x, "auto", "f", world_size=3, index=0), out[0])
+
+
+MODULE = "tests.forks.gallery_module_all_gather:SummedAllGather"
+BUFFERS = "tests.forks.gallery_gather_into_buffers:AllGatherFunc"
+COLOSSAL = "tests.forks.gallery_gather_forward_reduce_scatter_backward:GatherForwardReduceScatterBackward"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([MODULE, "--gather-output", "0"],
+         f"--gather-fn class {MODULE}'s constructor has required keyword-only parameter 'dim' that no option fills; "
+         "it is built once per rank: give it with --gather-init dim=VALUE"),
+        ([MODULE, "--gather-init", "dim=zero"], "--gather-init 'dim=zero': 'zero' is not a Python literal"),
+        ([MODULE, "--gather-init", "dim=0", "--gather-init", "axis=1"],
+         f"--gather-init axis=...: the constructor of {MODULE} takes no parameter 'axis' (it takes: dim)"),
+        ([MODULE, "--gather-init", "dim=@row_sizes"],
+         "--gather-init 'dim=@row_sizes': '@row_sizes' is no symbol; the symbols are @group, @rank, @world_size"),
+        ([WITH_SIZES, "--gather-kwarg", "dim=0", "--gather-init", "dim=0"],
+         f"--gather-init applies to a class that is built, then called (such as an nn.Module); {WITH_SIZES} is a "
+         "function, called as it is"),
+        ([f"{FORK}:AllGatherOnDim", "--gather-kwarg", "dim=0", "--gather-init", "dim=0"],
+         "is an autograd Function, called through .apply: leave --gather-init out"),
+        ([WITH_SIZES, "--gather-kwarg", "dim=@dims"], "'@dims' is no symbol; the symbols are @group, @rank, "
+                                                      "@world_size, @row_sizes, @out_buffers"),
+        ([BUFFERS, "--gather-kwarg", "gather_list=3"], "--gather-kwarg gather_list=3: *gather_list takes a list"),
+        ([BUFFERS, "--gather-kwarg", "gather_list=@rank"], "*gather_list takes a list spread over positions"),
+        ([COLOSSAL, "--gather-kwarg", "dim=0", "--gather-kwarg", "process_group=None"],
+         "--gather-kwarg 'process_group=None': the checks pass process_group= themselves"),
+    ],
+    ids=["init-missing", "init-not-a-literal", "init-unknown-name", "init-call-symbol", "init-on-a-function",
+         "init-on-an-autograd-function", "unknown-symbol", "spread-not-a-list", "spread-a-scalar-symbol",
+         "group-literal"],
+)
+def test_bad_constructor_and_symbol_options_exit_two_before_any_world(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A class's missing or unknown constructor keyword, --gather-init where nothing is built, a bad symbol: exit 2."""
+    assert main(["--gather-fn", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_required_group_before_dim_is_placed_by_position_never_left_empty() -> None:
+    """forward(ctx, input_, process_group, dim): the group lands before dim; a value missing there is a TypeError."""
+    parameters = parameters_after_x(colossal.GatherForwardReduceScatterBackward)
+    assert parameters is not None
+    assert [p.name for p in parameters] == ["process_group", "dim", "fp8_communication"]
+    assert arguments(parameters, {"dim": 0, "process_group": "world"}, function_class=True) == (["world", 0], {})
+    with pytest.raises(TypeError, match=r"missing required argument: 'process_group'") as raised:
+        arguments(parameters, {"dim": 0}, function_class=True)
+    assert missing_in(raised.value) == ("process_group",)
+
+
+def test_a_star_args_value_is_spread_and_a_module_class_is_read_from_its_forward() -> None:
+    """forward(ctx, tensor, *gather_list) takes the list spread; AllGather's call is forward(x, sizes=None)."""
+    spread = parameters_after_x(buffers.AllGatherFunc)
+    assert spread is not None
+    assert arguments(spread, {"gather_list": ["b0", "b1"]}, function_class=True) == (["b0", "b1"], {})
+    called = parameters_after_x(module.AllGather)
+    assert called is not None
+    assert [p.name for p in called] == ["sizes"]

@@ -21,7 +21,7 @@ from nemo_dist.conformance import Implementation, Report, format_report, load_ch
 from nemo_dist.conformance import select_checks as select
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance.test_forks import GUARDS, TARGETS
-from tests.conformance.test_gallery import GALLERY
+from tests.conformance.test_gallery import CALLED_WITH, GALLERY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group(name="nemo_dist_nccl_w2")]
 
@@ -35,14 +35,18 @@ NCCL_DIFFERS = {
 
 
 def _nccl_report(
-    impl: Implementation, components: tuple[str, ...], world_factory: WorldFactory, tier: str = "all"
+    impl: Implementation,
+    components: tuple[str, ...],
+    world_factory: WorldFactory,
+    tier: str = "all",
+    sizes: tuple[int, ...] = (2,),
 ) -> tuple[Report, str]:
-    """One run of the checks of ``components`` (real-model checks aside) in an NCCL world of 2, and its table."""
+    """One run of the checks of ``components`` (real-model checks aside) in NCCL worlds of ``sizes``, and its table."""
     checks = [c for c in select(load_checks().values(), impl, tier, None, components) if "real_models" not in c.name]
     report = run_checks(
         checks,
         impl,
-        (2,),
+        sizes,
         backend="nccl",
         max_examples=5,
         worlds=lambda size: world_factory(size, backend="nccl"),
@@ -54,8 +58,9 @@ def _nccl_report(
 @pytest.mark.parametrize("fork", sorted(GUARDS))
 def test_broken_fork_fails_its_guarding_check_on_nccl(fork: str, world_factory: WorldFactory) -> None:
     """As on gloo: the guarding check does not pass (FAIL naming the property; HANG where NCCL_DIFFERS says)."""
-    impl, components, _ = TARGETS[fork]
-    report, table = _nccl_report(impl, components, world_factory)
+    impl, components, sizes = TARGETS[fork]
+    # A fork whose bug needs a subgroup runs in a world of 3 (skipped with fewer GPUs), as on gloo.
+    report, table = _nccl_report(impl, components, world_factory, sizes=(max(2, sizes[0]),))
     for check, message in GUARDS[fork]:
         guarded = [v for v in report.verdicts if v.check.split("[")[0] == check]
         assert guarded, f"{check} did not run\n{table}"
@@ -69,8 +74,16 @@ def test_broken_fork_fails_its_guarding_check_on_nccl(fork: str, world_factory: 
 @pytest.mark.parametrize(("spec", "status"), [(spec, status) for spec, status, _ in GALLERY])
 def test_gallery_gather_gets_its_core_status_on_nccl(spec: str, status: int, world_factory: WorldFactory) -> None:
     """Each gallery gather exits on core as it does on gloo (a correct one conforms, a wrong one fails)."""
-    report, table = _nccl_report(Implementation(gather=None, gather_fn=spec), ("gather",), world_factory, "core")
+    impl = Implementation(gather=None, gather_fn=spec, **CALLED_WITH.get(spec, {}))
+    report, table = _nccl_report(impl, ("gather",), world_factory, "core")
     assert report.exit_code() == status, table
+
+
+def test_a_gather_asserting_cuda_conforms_on_nccl(world_factory: WorldFactory) -> None:
+    """The gallery gather that asserts ``x.is_cuda`` (a usage error on gloo) passes every core check on NCCL."""
+    impl = Implementation(gather=None, gather_fn="tests.forks.gallery_gather_asserts_cuda:gather_on_cuda")
+    report, table = _nccl_report(impl, ("gather",), world_factory, "core")
+    assert report.exit_code() == 0, table
 
 
 def test_upstream_faithful_fork_conforms_on_nccl(world_factory: WorldFactory) -> None:

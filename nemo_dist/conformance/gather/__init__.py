@@ -6,8 +6,10 @@ Importing it registers its checks (core: :mod:`.checks`, extended:
 ``--gather-fn`` is called once on every rank of each world before the
 checks. Its output form is detected there (``--gather-form auto``); a first
 call that fails everywhere for a missing parameter is a usage error
-(:class:`~nemo_dist.conformance.target.MissingParameter`), and any other
-failure a note under the header (the checks then report it, each).
+(:class:`~nemo_dist.conformance.target.MissingParameter`), and so is one that
+fails everywhere on a CPU tensor for want of CUDA (one line: run with
+``--backend nccl``); any other failure is a note under the header (the
+checks then report it, each).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from nemo_dist.conformance.deadlines import warm_up
 from nemo_dist.conformance.gather import checks, extended, ranks
 from nemo_dist.conformance.registry import Suite, register_suite
-from nemo_dist.conformance.target import GROUP_PARAMETERS, Implementation, MissingParameter
+from nemo_dist.conformance.target import GROUP_PARAMETERS, Implementation, MissingParameter, OptionError
 
 __all__ = ["checks", "detect_output_form", "extended", "missing_parameter"]
 
@@ -26,11 +28,10 @@ __all__ = ["checks", "detect_output_form", "extended", "missing_parameter"]
 def missing_parameter(impl: Implementation, names: str, error: str) -> MissingParameter:
     """The usage error of a first call of ``impl``'s callable that raised ``error`` lacking ``names`` (comma-joined)."""
     name = names.split(",")[0]
-    if name in GROUP_PARAMETERS or name == "uneven":
-        remedy = (
-            f"the checks pass {name}= only where they need it: give the parameter a default "
-            "(None for a process group: the whole world)"
-        )
+    if name in GROUP_PARAMETERS:
+        remedy = f"its signature is hidden: pass it on every call with {{opt:gather_kwarg}} {name}=@group"
+    elif name == "uneven":
+        remedy = "the checks pass uneven= only where they need it: give the parameter a default (False)"
     else:
         remedy = f"pass it on every call with {{opt:gather_kwarg}} {name}=VALUE (VALUE a Python literal)"
     return MissingParameter(
@@ -45,7 +46,8 @@ def detect_output_form(world: Any, impl: Implementation, notes: list[str]) -> Im
 
     With ``--gather-form auto`` and the same form on every rank, the form
     is fixed and a note names it. Raises ``MissingParameter`` when every
-    rank's call failed for a missing parameter; another failure adds a note
+    rank's call failed for a missing parameter, ``OptionError`` when every
+    rank's call on a CPU tensor failed speaking of CUDA; another failure adds a note
     with the first rank's error. An implementation that names a module comes
     back as it is, with no call.
     """
@@ -54,6 +56,11 @@ def detect_output_form(world: Any, impl: Implementation, notes: list[str]) -> Im
     calls = warm_up(world, ranks.first_call, impl)
     if calls and all(c["missing"] for c in calls):
         raise missing_parameter(impl, calls[0]["missing"], calls[0]["error"].splitlines()[0])
+    if calls and all(c["cuda"] for c in calls):
+        raise OptionError(
+            f"{{opt:gather_fn}} {impl.gather_fn} needs CUDA: its first call on a CPU tensor failed on every rank "
+            f"at `{calls[0]['cuda']}`; run it on GPUs with {{opt:backend}} nccl (one GPU per rank)"
+        )
     failed = [(rank, c["error"]) for rank, c in enumerate(calls) if c["error"]]
     if failed:
         rank, error = failed[0]

@@ -31,9 +31,11 @@ __all__ = [
     "assert_same",
     "diagnosed",
     "draw_laid_out_inputs",
+    "draw_partition",
     "draw_shape_and_dtype",
     "draw_upstream_grads",
     "error_rows",
+    "interleaved_partition",
     "require_no_group",
 ]
 
@@ -142,6 +144,26 @@ def draw_upstream_grads(
     grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
     grad_layout = data.draw(ds.layouts(out_shape), label="grad_layout")
     return out_shape, grads, grad_layout
+
+
+def draw_partition(data: st.DataObject, size: int) -> list[list[int]]:
+    """Draw a split of ranks ``0..size-1`` into two non-empty groups, of contiguous or interleaved ranks.
+
+    Each group's ranks ascend and the groups are listed by their first rank
+    (``[[0, 2], [1, 3]]``); shrinks toward ``[[0], [1, ..., size-1]]``.
+    """
+    first = data.draw(st.sets(st.integers(0, size - 1), min_size=1, max_size=size - 1), label="a group's ranks")
+    rest = [r for r in range(size) if r not in first]
+    return sorted([sorted(first), rest])
+
+
+def interleaved_partition(size: int) -> list[list[int]]:
+    """The even and the odd ranks of ``0..size-1`` (``[[0, 2], [1]]`` of 3, ``[[0, 2], [1, 3]]`` of 4).
+
+    A rank's group rank is then its global rank halved, never its global rank
+    minus its group's first member.
+    """
+    return [list(range(0, size, 2)), list(range(1, size, 2))]
 
 
 def require_no_group() -> None:

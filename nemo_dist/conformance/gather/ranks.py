@@ -12,6 +12,7 @@ return ``(type name, message)`` so that the world stays healthy.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_dist.conformance import signature
+from nemo_dist.conformance.callables import mentions_cuda
 from nemo_dist.conformance.gather.target import target
 from nemo_dist.conformance.target import Implementation
 from nemo_dist.testing.strategies import apply_layout
@@ -96,11 +98,13 @@ def first_call(impl: Implementation) -> dict[str, str]:
     The call gathers a small (2, 3) float tensor. Keys: ``form`` (the form
     of its gathered value: "cat", "tuple" or "stacked"), ``missing`` (the
     parameters a "missing required argument" ``TypeError`` named, joined by
-    commas) and ``error`` (any other exception, or a value that is no
-    gathered form, as ``Type: message``); each empty when it does not apply,
-    all empty when no callable is checked.
+    commas), ``error`` (any other exception, or a value that is no
+    gathered form, as ``Type: message``) and ``cuda`` (for a call on a CPU
+    tensor whose error, or the source line that raised it, speaks of CUDA:
+    that line, else the message); each empty when it does not apply, all
+    empty when no callable is checked.
     """
-    found = {"form": "", "missing": "", "error": ""}
+    found = {"form": "", "missing": "", "error": "", "cuda": ""}
     if impl.gather_fn is None:
         return found
     x = torch.arange(6, dtype=torch.float32, device=_device()).reshape(2, 3) + 10 * _rank()
@@ -109,20 +113,30 @@ def first_call(impl: Implementation) -> dict[str, str]:
     except Exception as exc:
         found["missing"] = ",".join(signature.missing_in(exc))
         found["error"] = f"{type(exc).__name__}: {str(exc).strip()}"
+        frames = traceback.extract_tb(exc.__traceback__)
+        line = (frames[-1].line or "").strip() if frames else ""
+        if x.device.type != "cuda" and (mentions_cuda(line) or mentions_cuda(str(exc))):
+            found["cuda"] = line if mentions_cuda(line) else found["error"].splitlines()[0]
     return found
 
 
 def forward(
-    impl: Implementation, inputs: Sequence[torch.Tensor], layout: str, *, no_grad: bool, requires_grad: bool
+    impl: Implementation,
+    inputs: Sequence[torch.Tensor],
+    layout: str,
+    *,
+    no_grad: bool,
+    requires_grad: bool,
+    uneven: bool = False,
 ) -> dict[str, Any]:
-    """Gather this rank's input (in ``layout``) with the target, with or without grad.
+    """Gather this rank's input (in ``layout``) with the target, with or without grad (and ``uneven=True``).
 
     Returns the output (as the concatenation), its ``requires_grad`` and
     whether the input kept its bits.
     """
     x = _input(inputs[_rank()], layout, requires_grad)
     before = x.detach().clone()
-    out = target(impl).gather(x, no_grad=no_grad)
+    out = target(impl).gather(x, no_grad=no_grad, uneven=uneven)
     return {"out": _cpu(out), "requires_grad": out.requires_grad, "input_intact": same_bits(x.detach(), before)}
 
 
@@ -242,11 +256,14 @@ def grouped(
     inputs: Sequence[torch.Tensor],
     grads: Sequence[torch.Tensor],
     partition: Sequence[Sequence[int]],
+    *,
+    uneven: bool = False,
 ) -> dict[str, Any]:
-    """Gather over this rank's group of ``partition`` (``group=``), backward of ``out.backward(g)``."""
+    """Gather over this rank's group of ``partition`` (``group=``; ``uneven=True`` too), then ``out.backward(g)``."""
     group = _group(partition)
     x = _input(inputs[_rank()], "contiguous", True)
-    return _with_and_without_grad(x, grads[_rank()].to(_device()), target(impl), group=group)
+    extra = {"uneven": True} if uneven else {}
+    return _with_and_without_grad(x, grads[_rank()].to(_device()), target(impl), group=group, **extra)
 
 
 def alone(impl: Implementation, inputs: Sequence[torch.Tensor], layout: str) -> dict[str, Any]:

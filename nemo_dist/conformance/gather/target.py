@@ -1,8 +1,10 @@
 """The gather under test, called one way whatever its shape: :class:`GatherTarget`.
 
 A target is either a dist_utils-style module (``all_gather_with_grad`` and
-``all_gather_no_grad``) or one callable found anywhere: a function or a
-``torch.autograd.Function`` subclass (called through ``.apply``), whose
+``all_gather_no_grad``) or one callable found anywhere: a function, a
+``torch.autograd.Function`` subclass (called through ``.apply``) or another
+class (an ``nn.Module``, say: built once per rank with the ``--gather-init``
+keywords, then the object called), whose
 output is the concatenation on dim 0, a tuple or list of W tensors, or a
 stacked ``[W, *x.shape]`` tensor, or a tuple holding one of those
 (``--gather-output`` picks it). :meth:`GatherTarget.gather` calls it (with the
@@ -10,7 +12,10 @@ stacked ``[W, *x.shape]`` tensor, or a tuple holding one of those
 asserts on one form; a tuple form that is not W tensors is a ``TypeError``
 saying so, never concatenated. Whether a callable takes a process group
 (keyword, or the parameter after ``x``) or ``uneven=`` is read from its
-signature, per callable.
+signature, per callable; a call without a subgroup passes a group parameter
+that has no default the whole world's group, and a ``--gather-kwarg`` given
+as ``@group`` names the group parameter whatever its name. Symbols are
+filled and async results waited on per call (:mod:`.calls`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 import torch
 
 from nemo_dist.conformance import signature
+from nemo_dist.conformance.callables import Symbol
+from nemo_dist.conformance.gather.calls import filled, landed, world_group
 from nemo_dist.conformance.target import (
     GROUP_PARAMETERS,
     Implementation,
@@ -130,22 +137,28 @@ class _Signature:
     uneven: bool
     function_class: bool  # called through .apply: every value is placed by position
     parameters: tuple[inspect.Parameter, ...] | None  # after x; None when unreadable
+    group_required: bool = False  # the group parameter has no default: a call without a subgroup passes the world's
 
 
-def _signature(found: Any, *, allow_var_keyword: bool) -> _Signature:
-    """What ``found`` (a function, or an autograd Function's class) accepts besides ``x``."""
+def _signature(found: Any, *, allow_var_keyword: bool, keywords: dict[str, Any] | None = None) -> _Signature:
+    """What ``found`` (a function, an autograd Function's class, a class built then called) accepts besides ``x``.
+
+    A keyword of ``keywords`` given as ``@group`` is the group parameter.
+    """
     function_class = signature.is_function_class(found)
     rest = signature.parameters_after_x(found)
+    symbol_group = next((k for k, v in (keywords or {}).items() if v == Symbol("group")), None)
     if rest is None:
-        return _Signature(None, False, function_class, None)
+        return _Signature(symbol_group, False, function_class, None)
     named = {p.name: p for p in rest}
     var_keyword = allow_var_keyword and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rest)
-    group = next((n for n in GROUP_PARAMETERS if n in named), None)
+    group = symbol_group or next((n for n in GROUP_PARAMETERS if n in named), None)
     if group is None and var_keyword:
         group = "group"
+    required = group in named and named[group].default is inspect.Parameter.empty and symbol_group is None
     # apply() passes positional arguments only, so uneven= cannot reach an autograd Function's forward.
     uneven = not function_class and ("uneven" in named or var_keyword)
-    return _Signature(group, uneven, function_class, rest)
+    return _Signature(group, uneven, function_class, rest, required)
 
 
 @dataclass(frozen=True)
@@ -197,7 +210,7 @@ class GatherTarget:
         Raises what the call raises, and a ``TypeError`` when the value is
         no gathered form (a tuple that is not W tensors, say).
         """
-        out = _picked(self._call(self._with_grad, self._with_grad_signature, x, {}), self.output, self.label)
+        out = _picked(self._call(self._with_grad, self._with_grad_signature, x, {}, None), self.output, self.label)
         form = detect_form(out, x) if self.form == "auto" else self.form
         _as_cat(out, x, form, self.label, _group_size(None))
         return form
@@ -225,28 +238,66 @@ class GatherTarget:
         with context:
             # Combining a returned list is part of the call: under the call's grad mode, or a
             # list holding x itself (which requires grad) would concatenate into autograd.
-            out = self._call(fn, sig, x, values)
+            out = self._call(fn, sig, x, values, group)
             return _as_cat(out, x, self.form, name, _group_size(group), self.output)
 
-    def _call(self, fn: Callable[..., Any], sig: _Signature, x: torch.Tensor, values: dict[str, Any]) -> Any:
-        """``fn(x, ...)`` with ``values`` and this target's keywords, each placed as ``fn`` takes it."""
-        args, kwargs = signature.arguments(sig.parameters, {**dict(self.keywords), **values}, sig.function_class)
-        return fn(x, *args, **kwargs)
+    def _call(
+        self, fn: Callable[..., Any], sig: _Signature, x: torch.Tensor, values: dict[str, Any], group: Any
+    ) -> Any:
+        """``fn(x, ...)`` with ``values`` and this target's keywords, each placed as ``fn`` takes it.
+
+        Symbols are filled for a call over ``group`` (None: the whole world), a
+        required group parameter no check fills gets the world's group, and
+        the result is waited on (:func:`~.calls.landed`).
+        """
+        given = {**dict(self.keywords), **values}
+        if sig.group_required and sig.group is not None and sig.group not in given:
+            given[sig.group] = world_group()
+        args, kwargs = signature.arguments(sig.parameters, filled(given, x, group), sig.function_class)
+        return landed(fn(x, *args, **kwargs))
 
 
-def _callable(spec: str) -> tuple[Callable[..., Any], _Signature]:
+def _callable(spec: str, impl: Implementation) -> tuple[Callable[..., Any], _Signature]:
+    """The callable ``spec`` names (a class built with ``impl``'s ``--gather-init`` keywords) and its signature."""
     found = resolve_callable(spec)
-    sig = _signature(found, allow_var_keyword=False)
+    sig = _signature(found, allow_var_keyword=False, keywords=impl.gather_call_kwargs())
+    if signature.is_built_class(found):
+        return _Built(found, impl), sig
     return (found.apply if sig.function_class else found), sig
+
+
+class _Built:
+    """A class built on its first call (on a rank, where the process group exists), then its object called.
+
+    Built with ``--gather-init``'s keywords, symbols filled for the whole
+    world; a required group parameter gets the world's group.
+    """
+
+    def __init__(self, cls: type, impl: Implementation) -> None:
+        self._cls, self._impl = cls, impl
+        self._object: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._object is None:
+            values = self._impl.gather_init_kwargs()
+            try:
+                parameters = dict(inspect.signature(self._cls).parameters)
+            except (TypeError, ValueError):
+                parameters = {}
+            for name in GROUP_PARAMETERS:
+                if name in parameters and parameters[name].default is inspect.Parameter.empty and name not in values:
+                    values[name] = Symbol("group")
+            self._object = self._cls(**filled(values, None, None))
+        return self._object(*args, **kwargs)
 
 
 @functools.lru_cache(maxsize=16)
 def target(impl: Implementation) -> GatherTarget:
     """The :class:`GatherTarget` of ``impl`` (cached per implementation; imports what it names)."""
     if impl.gather_fn is not None:
-        with_grad, with_signature = _callable(impl.gather_fn)
+        with_grad, with_signature = _callable(impl.gather_fn, impl)
         if impl.no_grad_fn is not None:
-            no_grad, no_grad_signature = _callable(impl.no_grad_fn)
+            no_grad, no_grad_signature = _callable(impl.no_grad_fn, impl)
         else:
             no_grad, no_grad_signature = None, with_signature
         return GatherTarget(

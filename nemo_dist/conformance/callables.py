@@ -1,0 +1,233 @@
+"""How a ``--gather-fn`` callable is called, and the checks of that call made before any world starts.
+
+Options give the values a call needs besides ``x``: ``--gather-kwarg
+NAME=VALUE`` on every call, ``--gather-init NAME=VALUE`` to build a class
+once per rank before calling the object (st-moe's ``AllGather(dim=0)``), and
+``--gather-output INDEX``. A VALUE is a Python literal, or one of the
+:data:`SYMBOLS` (``@out_buffers``, ``@row_sizes`` ...), which the rank fills
+for each call, since a fixed literal cannot follow the call's input and
+group. :func:`check_call` reads the callable's signature (and its
+constructor's) and turns a call that cannot work into an ``OptionError``.
+Errors name options by field (``{opt:gather_kwarg}``), as
+:class:`~nemo_dist.conformance.target.OptionError` words them per front end.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_dist.conformance import signature
+from nemo_dist.conformance.target import GROUP_PARAMETERS, Implementation, MissingParameter, OptionError
+
+__all__ = [
+    "INIT_SYMBOLS",
+    "SYMBOLS",
+    "Symbol",
+    "check_call",
+    "mentions_cuda",
+    "parse_gather_init",
+    "parse_gather_kwargs",
+    "parse_gather_output",
+    "value_of",
+]
+
+#: The values a rank fills for each call, by name (``--gather-kwarg NAME=@SYMBOL``), and what each holds.
+SYMBOLS: dict[str, str] = {
+    "group": "the call's process group: the subgroup a group check passes, else the whole world's (dist.group.WORLD)",
+    "rank": "this rank's rank in the call's group",
+    "world_size": "the number of ranks the call gathers from (its group's size)",
+    "row_sizes": "the list of every rank's row count (dim 0 of x) in rank order, learned by a small all-gather",
+    "out_buffers": "a list of one empty contiguous tensor like x (shape, dtype, device) per rank of the call's group",
+}
+#: The symbols a constructor can take (``--gather-init``): it runs once per rank, in the whole world, on no x.
+INIT_SYMBOLS: tuple[str, ...] = ("group", "rank", "world_size")
+
+_P = inspect.Parameter
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A value the rank fills for each call (``@name``, one of :data:`SYMBOLS`)."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"@{self.name}"
+
+
+def value_of(text: str) -> Any:
+    """The value an option's stored text stands for: a :class:`Symbol` for ``@name``, else the literal."""
+    return Symbol(text[1:]) if text.startswith("@") else ast.literal_eval(text)
+
+
+def _parse(items: Sequence[str], field: str, symbols: Sequence[str], example: str) -> dict[str, str]:
+    """``NAME=VALUE`` texts as ``{name: stored text}`` (a literal's repr, or ``@symbol``); ``OptionError`` if bad."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name.isidentifier():
+            raise OptionError(
+                f"{{opt:{field}}} expects NAME=VALUE (VALUE a Python literal or an @symbol), such as "
+                f"{{opt:{field}}} {example}; got {item!r}"
+            )
+        if name in pairs:
+            raise OptionError(f"{{opt:{field}}} names {name!r} twice; give each keyword once")
+        if text.startswith("@"):
+            if text[1:] not in symbols:
+                known = ", ".join(f"@{s}" for s in symbols)
+                raise OptionError(f"{{opt:{field}}} {item!r}: {text!r} is no symbol; the symbols are {known}")
+            pairs[name] = text
+            continue
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise OptionError(
+                f"{{opt:{field}}} {item!r}: {text!r} is not a Python literal (a number, string, "
+                f"True/False/None, tuple, list or dict of them) nor an @symbol; quote a string: {name}='text'"
+            ) from None
+        pairs[name] = repr(value)
+    return pairs
+
+
+def parse_gather_kwargs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``--gather-kwarg`` texts as ``(name, stored text)`` pairs: a literal (``ast.literal_eval``) or an @symbol.
+
+    Raises ``OptionError`` for a malformed item, a value that is neither, a
+    name given twice, or a name the checks pass themselves (``uneven``, and a
+    process group by any value but ``@group``).
+    """
+    pairs = _parse(items, "gather_kwarg", tuple(SYMBOLS), "dim=0")
+    for name, text in pairs.items():
+        if name == "uneven" or (name in GROUP_PARAMETERS and text != "@group"):
+            raise OptionError(
+                f"{{opt:gather_kwarg}} '{name}={text}': the checks pass {name}= themselves (uneven=True where "
+                "a check needs it; a process group on every call: the subgroup a group check uses, else the "
+                "whole world's); leave it out"
+            )
+    return tuple(pairs.items())
+
+
+def parse_gather_init(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``--gather-init`` texts as ``(name, stored text)`` pairs (a literal, or one of :data:`INIT_SYMBOLS`)."""
+    return tuple(_parse(items, "gather_init", INIT_SYMBOLS, "dim=0").items())
+
+
+def parse_gather_output(text: str | int | None) -> int | None:
+    """The ``--gather-output`` index (an int >= 0), or None when not given; ``OptionError`` for anything else."""
+    if text is None:
+        return None
+    try:
+        index = int(str(text).strip())
+    except ValueError:
+        index = -1
+    if index < 0:
+        raise OptionError(
+            "{opt:gather_output} expects the index (>= 0) of the gathered tensor in a tuple or list return, "
+            f"such as {{opt:gather_output}} 0; got {str(text)!r}"
+        )
+    return index
+
+
+def check_call(field: str, spec: str, found: Any, impl: Implementation) -> None:
+    """Raise ``OptionError`` when the signature of ``found`` (and its constructor's) rules out the checks' call.
+
+    A class (not an autograd Function) is built once per rank with the
+    ``--gather-init`` keywords, and the object is called: a required
+    constructor parameter nobody gave is a ``MissingParameter``, a keyword it
+    cannot take an ``OptionError``; ``--gather-init`` on anything else is one
+    too. Then the call: a required parameter no ``--gather-kwarg`` fills is a
+    ``MissingParameter``, a keyword the callable cannot take an
+    ``OptionError``. A process group (a parameter the checks fill: the
+    world's group when a check passes none) and ``uneven=`` are not asked for.
+    """
+    if signature.is_built_class(found):
+        _check_constructor(field, spec, found, impl)
+    elif impl.gather_init:
+        kind = "an autograd Function, called through .apply" if signature.is_function_class(found) else (
+            f"a {type(found).__name__}, called as it is"
+        )
+        raise OptionError(
+            f"{{opt:gather_init}} applies to a class that is built, then called (such as an nn.Module); "
+            f"{spec} is {kind}: leave {{opt:gather_init}} out"
+        )
+    parameters = signature.parameters_after_x(found)
+    if parameters is None:
+        return  # unreadable (a builtin): the first call in each world tells
+    given = [name for name, _ in impl.gather_kwargs]
+    _no_missing(field, spec, parameters, given, "gather_kwarg", "pass it on every call with")
+    unknown = signature.not_taken(parameters, given, signature.is_function_class(found))
+    if unknown:
+        takes = ", ".join(p.name for p in parameters) or "nothing"
+        raise OptionError(
+            f"{{opt:gather_kwarg}} {unknown[0]}=...: {spec} takes no parameter {unknown[0]!r} (after x it takes: "
+            f"{takes}); drop it or fix the name"
+        )
+    spread = [p.name for p in parameters if p.kind is _P.VAR_POSITIONAL and p.name in given]
+    for name in spread:
+        text = dict(impl.gather_kwargs)[name]
+        if text.startswith("@") and text[1:] not in ("row_sizes", "out_buffers"):
+            raise OptionError(
+                f"{{opt:gather_kwarg}} {name}={text}: *{name} takes a list spread over positions; give a list or "
+                "tuple, or @out_buffers or @row_sizes"
+            )
+        if not text.startswith("@") and not isinstance(value_of(text), (list, tuple)):
+            raise OptionError(f"{{opt:gather_kwarg}} {name}={text}: *{name} takes a list or tuple to spread")
+
+
+def _check_constructor(field: str, spec: str, found: type, impl: Implementation) -> None:
+    """The ``--gather-init`` keywords against the constructor of class ``found``; ``OptionError`` if they fail."""
+    if not signature.calls_instances(found):
+        raise OptionError(f"{{opt:{field}}} {spec} is a class whose objects cannot be called on x (no __call__)")
+    try:
+        parameters = tuple(inspect.signature(found).parameters.values())
+    except (TypeError, ValueError):
+        return
+    given = [name for name, _ in impl.gather_init]
+    _no_missing(field, spec, parameters, given, "gather_init", "it is built once per rank: give it with", "class ")
+    unknown = signature.not_taken(parameters, given, function_class=False)
+    if unknown:
+        takes = ", ".join(p.name for p in parameters) or "nothing"
+        raise OptionError(
+            f"{{opt:gather_init}} {unknown[0]}=...: the constructor of {spec} takes no parameter {unknown[0]!r} "
+            f"(it takes: {takes}); drop it or fix the name"
+        )
+
+
+def _no_missing(
+    field: str,
+    spec: str,
+    parameters: tuple[inspect.Parameter, ...],
+    given: Sequence[str],
+    option: str,
+    remedy: str,
+    what: str = "",
+) -> None:
+    """Raise ``MissingParameter`` for the required ``parameters`` neither ``given`` nor the checks fill."""
+    missing = signature.unfilled(parameters, given, (*GROUP_PARAMETERS, "uneven"))
+    if not missing:
+        return
+    kinds = {p.name: p.kind for p in parameters}
+    keyword = " keyword-only" if kinds[missing[0]] is _P.KEYWORD_ONLY else ""
+    names = ", ".join(repr(n) for n in missing)
+    flags = " ".join(f"{{opt:{option}}} {n}=VALUE" for n in missing)
+    plural = "s" if len(missing) > 1 else ""
+    owner = f"{what}{spec}" + ("'s constructor" if what else "")
+    raise MissingParameter(
+        f"{{opt:{field}}} {owner} has required{keyword} parameter{plural} {names} that no option fills; "
+        f"{remedy} {flags} (VALUE a Python literal, such as {missing[0]}=0)",
+        missing[0],
+    )
+
+
+_CUDA = re.compile(r"cuda", re.IGNORECASE)
+
+
+def mentions_cuda(text: str) -> bool:
+    """Whether an error's text (its message, or the source line that raised it) speaks of CUDA."""
+    return bool(_CUDA.search(text))
