@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nemo_dist.conformance.ddp.wrapped import wrap
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.target import Implementation, NotApplicable
 from nemo_dist.conformance.wrapping import DDPWrapper
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "dtype_of",
     "grads_of",
     "local_rows",
+    "observe_comm",
     "parallelizer",
     "params_of",
     "seeded",
@@ -105,6 +106,23 @@ def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
     return FunctionEntryPoint(module.parallelize_ddp, config)
 
 
+
+
+def observe_comm(ddp: Any, hook: Callable[..., Any]) -> None:
+    """Register a check's observing comm ``hook`` on ``ddp``; ``NotApplicable`` when it already has one.
+
+    DDP takes one comm hook: a DDP whose code under test registered its own
+    (a float16 compression hook, say) cannot be observed through another.
+    """
+    try:
+        ddp.register_comm_hook(None, hook)
+    except RuntimeError as exc:
+        if "can only be called once" not in str(exc):
+            raise
+        raise NotApplicable(
+            "the DDP already has a comm hook (the code under test registered one) and takes no second: its "
+            "buckets cannot be observed through the check's own"
+        ) from None
 
 
 def device_of(module: nn.Module) -> torch.device:

@@ -44,6 +44,7 @@ from nemo_dist.conformance.ddp.entry_point import (
     dtype_of,
     grads_of,
     local_rows,
+    observe_comm,
     parallelizer,
     params_of,
     seeded,
@@ -193,7 +194,7 @@ def _recording_hook(record: list[list[int]]) -> Any:
 
 def _bucket_sizes(wrapped: DistributedDataParallel, steps: int) -> list[int]:
     record: list[list[int]] = []
-    wrapped.register_comm_hook(None, _recording_hook(record))
+    observe_comm(wrapped, _recording_hook(record))
     x = torch.ones(2, 32, dtype=torch.float64, device=device_of(wrapped))
     for _ in range(steps):
         record.append([])
@@ -264,7 +265,7 @@ def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, st
         ranges.append((buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()))
         return allreduce_hook(state, bucket)
 
-    wrapped.register_comm_hook(None, hook)
+    observe_comm(wrapped, hook)
     x = torch.ones(2, 32, dtype=torch.float64, device=device_of(model))
     verdicts: list[list[bool]] = []
     for _ in range(steps):

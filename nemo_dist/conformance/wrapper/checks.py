@@ -38,7 +38,6 @@ from nemo_dist.conformance.wrapping import DDPWrapper
 
 __all__ = [
     "STEPS",
-    "TOLERANCE_FLOAT32",
     "buffers_as_declared",
     "identical_start",
     "keeps_dtype",
@@ -72,13 +71,9 @@ def _explained(cause: Callable[[], str]) -> Iterator[None]:
         raise
 
 
-#: DDP vs one process on the full batch in float32 (summation order: a few float32 roundings per step).
-TOLERANCE_FLOAT32 = {"atol": 1e-5, "rtol": 1e-5}
-
-
 def _tolerance(dtype: str) -> dict[str, float]:
     """The tolerance of a comparison computed in ``dtype`` (the wrapper's, when it changed the model's)."""
-    return TOLERANCE_FLOAT32 if dtype == "torch.float32" else tolerance_for(dtype, TOLERANCE_FLOAT64)
+    return tolerance_for(dtype, TOLERANCE_FLOAT64)
 
 
 def _power_of_two(n: int) -> bool:
