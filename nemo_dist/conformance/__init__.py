@@ -18,7 +18,8 @@ The package is laid out in three layers (``docs/ARCHITECTURE.md``):
   :mod:`.runner`, :mod:`.deadlines`, :mod:`.report`, :mod:`.inworld`
   (torchrun mode); it imports no suite;
 - one suite per component, registered with the engine when imported:
-  :mod:`.gather`, :mod:`.ddp`, :mod:`.config`, :mod:`.real_models`;
+  :mod:`.gather`, :mod:`.ddp`, :mod:`.config`, :mod:`.real_models`,
+  :mod:`.wrapper` (any data-parallel wrapper, ``--ddp-fn``);
 - front ends: :mod:`.cli` (``nemo-dist-conformance``, ``python -m
   nemo_dist.conformance``) and :mod:`.pytest_plugin` (``pytest conformance/``).
 """
@@ -87,6 +88,7 @@ SUITE_PACKAGES: tuple[str, ...] = (
     "nemo_dist.conformance.ddp",
     "nemo_dist.conformance.config",
     "nemo_dist.conformance.real_models",
+    "nemo_dist.conformance.wrapper",
 )
 
 

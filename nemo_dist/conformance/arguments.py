@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nemo-dist-conformance",
         description="Check that an implementation of the nemo_dist components (the bundled "
-        "one, a fork named by module paths, or any all-gather callable) keeps the contract. "
+        "one, a fork named by module paths, any all-gather callable or any data-parallel wrapper) keeps the contract. "
         "Naming some of --gather/--gather-fn/--ddp/--config checks only those components (the "
         "bundled modules serve the others); --preset names all three; naming none checks the "
         "bundled nemo_dist modules.",
@@ -100,6 +100,49 @@ def parser() -> argparse.ArgumentParser:
         "for a (gathered, sizes) return; --gather-form applies to that element",
     )
     p.add_argument("--ddp", metavar="MODULE", help="module with parallelize_ddp, DDPManager, or both (each is checked)")
+    p.add_argument(
+        "--ddp-fn",
+        metavar="MODULE:NAME",
+        help="any data-parallel wrapper instead of a ddp module, checked by behaviour: a function taking the model "
+        "or a class constructed with it (the model goes to the first parameter no --ddp-kwarg names); its return "
+        "is the wrapped model (None: changed in place)",
+    )
+    p.add_argument(
+        "--ddp-method",
+        metavar="NAME",
+        help="--ddp-fn is a class constructed from the keywords whose method NAME takes the model, such as "
+        "--ddp-method setup_module",
+    )
+    p.add_argument(
+        "--ddp-kwarg",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="a keyword passed on every call of --ddp-fn (its constructor with --ddp-method), VALUE a Python "
+        "literal; repeatable (the DDP fields are the field checks' to pass)",
+    )
+    p.add_argument("--ddp-output", metavar="INDEX", help="--ddp-fn returns a tuple or list with the model at INDEX")
+    p.add_argument(
+        "--ddp-reduction", metavar="mean|sum", help="how the wrapper combines the ranks' gradients (default mean)"
+    )
+    p.add_argument(
+        "--ddp-buffers",
+        metavar="synced|local",
+        help="what the wrapper does with module buffers (default: reported, not required)",
+    )
+    p.add_argument(
+        "--ddp-after-backward",
+        metavar="METHOD",
+        help="a method of what --ddp-fn returned, called after each backward that syncs (finish_grad_sync)",
+    )
+    p.add_argument(
+        "--ddp-grad-attr", metavar="NAME", help="the parameter attribute holding the reduced gradient (main_grad)"
+    )
+    p.add_argument(
+        "--ddp-zero-grad",
+        metavar="METHOD",
+        help="a method of what --ddp-fn returned that clears the gradients each step (zero_grad_buffer)",
+    )
     p.add_argument("--config", metavar="MODULE", help="module with DDPConfig")
     p.add_argument("--preset", metavar="NAME", help=f"named module layout: {', '.join(PRESETS)}")
     p.add_argument(

@@ -12,6 +12,10 @@ checks only those components; naming none checks the bundled ones),
 it: ``--conformance-gather-kwarg NAME=VALUE``, repeatable, and
 ``--conformance-gather-output INDEX``; a class built before it is called:
 ``--conformance-gather-init NAME=VALUE``, repeatable),
+``--conformance-ddp-fn MODULE:NAME`` (any data-parallel wrapper, with
+``--conformance-ddp-method``, ``-ddp-kwarg``, ``-ddp-output``,
+``-ddp-reduction``, ``-ddp-buffers``, ``-ddp-after-backward``,
+``-ddp-grad-attr``, ``-ddp-zero-grad``, as the command's ``--ddp-*``),
 ``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
 ``--conformance-max-examples``, ``--conformance-backend`` (gloo, nccl) and
 ``--conformance-min-deadline`` and
@@ -90,6 +94,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="INDEX",
         help="the index of the gathered value in the callable's tuple or list return (0 for (gathered, sizes))",
     )
+    group.addoption(
+        "--conformance-ddp-fn",
+        metavar="MODULE:NAME",
+        help="any data-parallel wrapper instead of a ddp module, checked by behaviour (function or class)",
+    )
+    group.addoption("--conformance-ddp-method", metavar="NAME", help="a method of the wrapper class taking the model")
+    group.addoption(
+        "--conformance-ddp-kwarg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword passed on every call of the wrapper, VALUE a Python literal; repeatable",
+    )
+    group.addoption("--conformance-ddp-output", metavar="INDEX", help="the index of the model in a tuple return")
+    group.addoption("--conformance-ddp-reduction", metavar="mean|sum", help="the wrapper's reduction (default mean)")
+    group.addoption("--conformance-ddp-buffers", metavar="synced|local", help="what the wrapper does with buffers")
+    group.addoption("--conformance-ddp-after-backward", metavar="METHOD", help="called after each syncing backward")
+    group.addoption("--conformance-ddp-grad-attr", metavar="NAME", help="the attribute holding the reduced gradient")
+    group.addoption("--conformance-ddp-zero-grad", metavar="METHOD", help="clears the gradients each step")
     group.addoption("--conformance-preset", metavar="NAME", help="named module layout (nemo_dist, nemo_automodel)")
     group.addoption("--conformance-tier", default="all", help="core, extended or all (default all)")
     group.addoption(
@@ -124,8 +147,20 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     Raises ``pytest.UsageError`` saying how to fix a bad option.
     """
     from nemo_dist.conformance.target import OptionError, resolve_implementation, validate_implementation
+    from nemo_dist.conformance.wrapping import parse_wrapper
 
     try:
+        wrapper = parse_wrapper(
+            ddp_fn=config.getoption("--conformance-ddp-fn"),
+            ddp_method=config.getoption("--conformance-ddp-method"),
+            ddp_kwargs=config.getoption("--conformance-ddp-kwarg"),
+            ddp_output=config.getoption("--conformance-ddp-output"),
+            ddp_reduction=config.getoption("--conformance-ddp-reduction"),
+            ddp_buffers=config.getoption("--conformance-ddp-buffers"),
+            ddp_after_backward=config.getoption("--conformance-ddp-after-backward"),
+            ddp_grad_attr=config.getoption("--conformance-ddp-grad-attr"),
+            ddp_zero_grad=config.getoption("--conformance-ddp-zero-grad"),
+        )
         impl, checked = resolve_implementation(
             gather=config.getoption("--conformance-gather"),
             ddp=config.getoption("--conformance-ddp"),
@@ -137,6 +172,7 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             gather_kwargs=config.getoption("--conformance-gather-kwarg"),
             gather_output=config.getoption("--conformance-gather-output"),
             gather_init=config.getoption("--conformance-gather-init"),
+            ddp_wrapper=wrapper,
         )
         validate_implementation(impl)
     except OptionError as exc:
@@ -247,6 +283,15 @@ _REPEATED = (
     "--conformance-gather-output",
     "--conformance-gather-init",
     "--conformance-ddp",
+    "--conformance-ddp-fn",
+    "--conformance-ddp-method",
+    "--conformance-ddp-kwarg",
+    "--conformance-ddp-output",
+    "--conformance-ddp-reduction",
+    "--conformance-ddp-buffers",
+    "--conformance-ddp-after-backward",
+    "--conformance-ddp-grad-attr",
+    "--conformance-ddp-zero-grad",
     "--conformance-config",
     "--conformance-preset",
     "--conformance-tier",
@@ -273,7 +318,7 @@ def check_holds(
     from nemo_dist.conformance.explain import add_note
     from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
     from nemo_dist.conformance.target import NotApplicable
-    from nemo_dist.conformance.verdicts import is_not_supported
+    from nemo_dist.conformance.verdicts import classify, is_not_supported
 
     world: Any = None
     if case.world_size:
@@ -298,8 +343,8 @@ def check_holds(
             text = f"Failing step (not shrunk: it left ranks stuck or dead): {broke.call}\n{broke}{reproduce}"
             pytest.fail(text, pytrace=False)
         except Exception as exc:
-            if is_not_supported(exc):
-                pytest.skip(f"not supported: {str(exc).splitlines()[0]}")
+            if is_not_supported(exc):  # the reason, also when every rank raised it
+                pytest.skip(f"not supported: {classify(exc).message.removeprefix('NotSupported: ')}")
             cause = getattr(exc, "likely_cause", "") or _missing_parameter_cause(case.impl, exc)
             if not cause and config.getoption("--conformance-backend") == "gloo":
                 cause = _cuda_cause(case.impl, exc)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from nemo_dist.conformance.target import DDP_APIS, Implementation, checked_components
+from nemo_dist.conformance.target import DDP_APIS, WRAPPER, Implementation, checked_components
 
 __all__ = [
     "CHECKS",
@@ -50,7 +50,7 @@ Tier = Literal["core", "extended"]
 
 #: Accepted values of ``tier`` when selecting checks.
 TIERS: tuple[str, ...] = ("core", "extended", "all")
-Component = Literal["gather", "ddp", "config"]
+Component = Literal["gather", "ddp", "config", "wrapper"]
 
 
 class WorldLike(Protocol):
@@ -98,11 +98,14 @@ class Check:
         point of its ``ddp_apis`` that the module defines, named
         ``check[api]`` and pinned to that API. Empty when the module defines none of them.
         """
-        if self.component != "ddp":
+        if self.component != "ddp" or impl.ddp_wrapper is not None:  # a --ddp-fn wrapper: one run
             return [(self.name, impl)]
         return [(f"{self.name}[{api}]", impl.with_ddp_api(api)) for api in impl.ddp_apis() if api in self.ddp_apis]
 
     def __call__(self, world: WorldLike | None, impl: Implementation) -> None:
+        for suite in SUITES.values():
+            if suite.screen is not None:
+                suite.screen(self, impl)
         self.fn(world, impl)
 
 
@@ -159,10 +162,14 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
     other check one case per size of ``world_sizes`` (``applies`` False where
     its range excludes the size). A ddp check runs once per entry point the
     module defines; where it defines none of the check's, one case per size
-    with ``impl`` None and the reason in ``missing``.
+    with ``impl`` None and the reason in ``missing``. Against a ``--ddp-fn``
+    wrapper a ddp check runs once; the wrapper checks (component
+    ``wrapper``) run only against one, with no case for modules.
     """
     found: list[Case] = []
     for c in checks:
+        if c.component == WRAPPER and impl.ddp_wrapper is None:
+            continue  # the behaviour checks of a --ddp-fn wrapper have nothing to check in modules
         sizes = [0] if not c.needs_world else list(world_sizes)
         variants = c.variants(impl)
         if not variants:
@@ -183,11 +190,16 @@ class Suite:
     the suite that needs a world is selected. ``prepare``: a parent-side step
     ``prepare(world, impl, notes) -> impl`` run once per world before the
     checks, which may refine the implementation (and add notes to the report).
+    ``screen``: ``screen(check, impl)``, called before every check of any
+    suite runs, raising ``NotApplicable`` or ``NotSupported`` when that check
+    cannot apply to ``impl`` (the ddp checks of the contract's entry points
+    against a ``--ddp-fn`` wrapper, say).
     """
 
     component: str
     world_setup: Callable[[], None] | None = None
     prepare: Callable[[Any, Implementation, list[str]], Implementation] | None = None
+    screen: Callable[[Check, Implementation], None] | None = None
 
 
 #: The registered suites by component.

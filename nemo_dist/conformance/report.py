@@ -106,7 +106,7 @@ def format_report(report: Report, strict: bool = False) -> str:
 def _header(report: Report, strict: bool) -> list[str]:
     """What was checked and how, then the run's notes and a blank line."""
     impl = report.impl
-    labels = {"gather": impl.gather_label, "ddp": impl.ddp, "config": impl.config}
+    labels = {"gather": impl.gather_label, "ddp": impl.ddp_label, "config": impl.config}
     components = "  ".join(
         f"{name}={labels[name]}" + ("" if name in report.components else " (used, not checked)")
         for name in COMPONENTS

@@ -13,12 +13,16 @@ names (:meth:`OptionError.worded`).
 from __future__ import annotations
 
 import importlib
-import re
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
+
+if TYPE_CHECKING:
+    from nemo_dist.conformance.wrapping import DDPWrapper
 
 __all__ = [
     "COMPONENTS",
@@ -27,6 +31,7 @@ __all__ = [
     "GROUP_PARAMETERS",
     "PRESETS",
     "REFERENCE",
+    "WRAPPER",
     "Implementation",
     "MissingParameter",
     "NotApplicable",
@@ -50,55 +55,8 @@ GROUP_PARAMETERS: tuple[str, ...] = ("group", "process_group", "pg")
 
 #: The components an implementation can name, in the order checks and reports list them.
 COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config")
-
-#: Option fields an :class:`OptionError` message may name (as ``{opt:FIELD}``).
-OPTION_FIELDS: tuple[str, ...] = (
-    "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg", "gather_output", "gather", "ddp", "config", "preset",
-    "gather_init", "backend",
-)
-_OPTION_FIELD = re.compile(r"\{opt:(" + "|".join(OPTION_FIELDS) + r")\}")
-
-
-class NotSupported(Exception):
-    """The implementation lacks a feature a check needs (an extended-tier keyword, say)."""
-
-
-class NotApplicable(Exception):
-    """The check cannot apply to what the implementation did (no DDP object at world size 1, say)."""
-
-
-class OptionError(ValueError):
-    """Options that name no usable implementation; the message says what and how to fix it.
-
-    The message names options by field (``{opt:gather_fn}``): :meth:`worded`
-    says them as a front end calls them; ``str()`` gives the plain field names.
-    """
-
-    @property
-    def template(self) -> str:
-        """The message with its ``{opt:FIELD}`` placeholders."""
-        return str(self.args[0]) if self.args else ""
-
-    def worded(self, option: Callable[[str], str]) -> str:
-        """The message with each option field replaced by ``option(field)`` (``"--gather-fn"``, say)."""
-        return _OPTION_FIELD.sub(lambda m: option(m.group(1)), self.template)
-
-    def __str__(self) -> str:
-        return self.worded(lambda field: field)
-
-
-class MissingParameter(OptionError):
-    """The gather callable needs a parameter that no option fills (``parameter``); a usage error.
-
-    Raised before any world starts when the signature says so
-    (:func:`validate_implementation`), or by a run whose first call of the
-    callable failed for it on every rank.
-    """
-
-    def __init__(self, template: str, parameter: str) -> None:
-        super().__init__(template)
-        self.parameter = parameter
-
+#: The component of the behaviour checks of a ``--ddp-fn`` wrapper (checked with "ddp" when one is named).
+WRAPPER = "wrapper"
 
 @dataclass(frozen=True)
 class Implementation:
@@ -119,7 +77,8 @@ class Implementation:
     same pairs for a class built once per rank before it is called
     (``--gather-init``). ``ddp_api`` pins the DDP entry point the rank
     functions use (``"parallelize_ddp"`` or ``"DDPManager"``; ``None``: the
-    manager when the module has one). The object pickles as its strings.
+    manager when the module has one). ``ddp_wrapper`` replaces the ddp module by a
+    ``--ddp-fn`` wrapper (:mod:`~nemo_dist.conformance.wrapping`). The object pickles as its strings.
     """
 
     gather: str | None = "nemo_dist.loss.dist_utils"
@@ -132,6 +91,7 @@ class Implementation:
     gather_kwargs: tuple[tuple[str, str], ...] = ()
     gather_output: int | None = None
     gather_init: tuple[tuple[str, str], ...] = ()
+    ddp_wrapper: DDPWrapper | None = None
 
     def module(self, component: str) -> ModuleType:
         """Import and return the module of ``component`` ("gather", "ddp" or "config").
@@ -160,6 +120,11 @@ class Implementation:
         picked = "" if self.gather_output is None else f"[{self.gather_output}]"
         return f"{self.gather_fn}{built}(x{keywords}){picked}"
 
+    @property
+    def ddp_label(self) -> str | None:
+        """How reports name the DDP target: the wrapper's call, else the module."""
+        return self.ddp if self.ddp_wrapper is None else self.ddp_wrapper.label
+
     def gather_call_kwargs(self) -> dict[str, Any]:
         """The keywords ``gather_kwargs`` names, their values evaluated (a literal, or a ``Symbol`` for ``@name``)."""
         from nemo_dist.conformance.callables import value_of
@@ -176,6 +141,8 @@ class Implementation:
         """The DDP entry points the ddp module defines (``ddp_api`` alone when pinned), in :data:`DDP_APIS` order."""
         if self.ddp_api is not None:
             return (self.ddp_api,)
+        if self.ddp_wrapper is not None:
+            return ()
         module = self.module("ddp")
         return tuple(api for api in DDP_APIS if hasattr(module, api))
 
@@ -193,14 +160,19 @@ class Implementation:
         return "DDPManager" if "DDPManager" in apis else apis[0]
 
 
-def resolve_callable(spec: str) -> Any:
+def resolve_callable(
+    spec: str,
+    example: str = "torch.distributed.nn.functional:all_gather",
+    what: str = "a function or autograd Function",
+) -> Any:
     """Import ``"module:name"`` (``name`` may be dotted) and return the object.
 
-    Raises ``OptionError`` saying what is wrong with the spec.
+    Raises ``OptionError`` saying what is wrong with the spec (``example``
+    shows a good one; ``what`` says what the object must be).
     """
     module_name, sep, qualname = spec.partition(":")
     if not sep or not module_name or not qualname:
-        raise OptionError(f"expected MODULE:NAME, such as torch.distributed.nn.functional:all_gather; got {spec!r}")
+        raise OptionError(f"expected MODULE:NAME, such as {example}; got {spec!r}")
     try:
         module = _import(module_name)
     except OptionError as exc:
@@ -211,7 +183,7 @@ def resolve_callable(spec: str) -> Any:
             raise OptionError(f"{module_name!r} has no {qualname!r} (from {spec!r})")
         found = getattr(found, part)
     if not callable(found):
-        raise OptionError(f"{spec!r} is a {type(found).__name__}, not a function or autograd Function")
+        raise OptionError(f"{spec!r} is a {type(found).__name__}, not {what}")
     return found
 
 
@@ -241,6 +213,7 @@ def resolve_implementation(
     gather_kwargs: Sequence[str] = (),
     gather_output: str | int | None = None,
     gather_init: Sequence[str] = (),
+    ddp_wrapper: DDPWrapper | None = None,
 ) -> tuple[Implementation, tuple[str, ...]]:
     """The implementation the options name and the components to check.
 
@@ -250,7 +223,8 @@ def resolve_implementation(
     bundled modules. ``gather_fn`` checks one callable as the gather component;
     ``gather_kwargs`` (``NAME=VALUE`` texts) and ``gather_output`` (an index)
     say how to call it, ``gather_init`` how to build a class before
-    (:mod:`~nemo_dist.conformance.callables`).
+    (:mod:`~nemo_dist.conformance.callables`). ``ddp_wrapper`` checks a
+    ``--ddp-fn`` wrapper as the ddp component, with the :data:`WRAPPER` checks.
     Raises ``OptionError`` for a bad combination; nothing is imported here.
     """
     from nemo_dist.conformance.callables import parse_gather_init, parse_gather_kwargs, parse_gather_output
@@ -287,6 +261,11 @@ def resolve_implementation(
     }
     if gather_fn is not None:
         named["gather"] = None  # type: ignore[assignment]  # the callable replaces the module
+    if ddp_wrapper is not None:
+        if ddp is not None:
+            raise OptionError("{opt:ddp} names a module and {opt:ddp_fn} a wrapper; give one of them")
+        named["ddp"], extra["ddp_wrapper"] = None, ddp_wrapper  # type: ignore[assignment]
+    wrapped = (WRAPPER,) if ddp_wrapper is not None else ()
     if preset is not None:
         if preset not in PRESETS:
             raise OptionError(
@@ -295,11 +274,11 @@ def resolve_implementation(
             )
         base = PRESETS[preset]
         paths = {c: named.get(c, getattr(base, c)) for c in COMPONENTS}
-        return Implementation(**paths, **extra), COMPONENTS
+        return Implementation(**paths, **extra), (*COMPONENTS, *wrapped)
     if not named:
         return REFERENCE, COMPONENTS
     paths = {c: named.get(c, getattr(REFERENCE, c)) for c in COMPONENTS}
-    return Implementation(**paths, **extra), tuple(c for c in COMPONENTS if c in named)
+    return Implementation(**paths, **extra), (*(c for c in COMPONENTS if c in named), *wrapped)
 
 
 #: Names a module of each component must define (the ddp module: at least one).
@@ -344,6 +323,11 @@ def validate_implementation(impl: Implementation) -> None:
             except OptionError as exc:
                 raise OptionError(f"{{opt:{field}}}: {exc.template}") from None
             check_call(field, spec, found, impl)
+    if impl.ddp_wrapper is not None:
+        from nemo_dist.conformance.wrapping import validate_wrapper
+
+        validate_wrapper(impl.ddp_wrapper)
+
 
 
 #: The bundled implementation.
@@ -368,6 +352,10 @@ def import_components(impl: Implementation) -> None:
 
 
 def checked_components(impl: Implementation) -> tuple[str, ...]:
-    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config."""
-    named = {"gather": impl.gather_named, "ddp": impl.ddp is not None, "config": impl.config is not None}
-    return tuple(c for c in COMPONENTS if named[c])
+    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config.
+
+    A ``--ddp-fn`` wrapper is the ddp component, followed by :data:`WRAPPER`.
+    """
+    named = {"gather": impl.gather_named, "ddp": impl.ddp is not None or impl.ddp_wrapper is not None,
+             "config": impl.config is not None}
+    return (*(c for c in COMPONENTS if named[c]), *((WRAPPER,) if impl.ddp_wrapper is not None else ()))

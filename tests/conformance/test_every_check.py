@@ -20,6 +20,11 @@ where it proves something (the rest is marked ``thorough``, run with
   recompute is counted inside each rank, and a world of two is the smallest
   with a real DDP reduction between ranks.
 
+The behaviour checks of a ``--ddp-fn`` wrapper (component ``wrapper``) have
+nothing to check in modules: their reference is torch's own
+``DistributedDataParallel`` named as a wrapper (:data:`REFERENCE_WRAPPER`,
+declared to sync buffers, as it does by default), run through the same cases.
+
 The real-model checks need transformers: without it they skip, or fail
 under ``--require-targets``.
 """
@@ -31,8 +36,9 @@ import warnings
 
 import pytest
 
-from nemo_dist.conformance import REFERENCE, Case, cases, format_report, load_checks, run_case
+from nemo_dist.conformance import REFERENCE, Case, Implementation, cases, format_report, load_checks, run_case
 from nemo_dist.conformance.verdicts import Report
+from nemo_dist.conformance.wrapping import DDPWrapper
 from nemo_dist.testing.plugin import WorldFactory, selected_world_sizes
 from tests import targets
 
@@ -46,6 +52,10 @@ MANAGER_CHECKS = frozenset(
         "ddp.parallelize_wraps_and_places",
         "ddp.world_of_one_wrapped_in_ddp",
     }
+)
+#: torch's DistributedDataParallel as a --ddp-fn wrapper: the reference of the wrapper checks.
+REFERENCE_WRAPPER = Implementation(
+    ddp=None, ddp_wrapper=DDPWrapper("torch.nn.parallel:DistributedDataParallel", buffers="synced")
 )
 #: The checks that build real transformers models on every rank.
 REAL_MODEL_CHECKS = frozenset({"ddp.checkpointing_real_models", "ddp.checkpointing_real_models_beyond_upstream"})
@@ -72,7 +82,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     params = []
     sizes = selected_world_sizes(metafunc.config)
-    for case in cases(load_checks().values(), REFERENCE, sizes):
+    checks = load_checks().values()
+    wrapper_checks = [c for c in checks if c.component == "wrapper"]
+    for case in [*cases(checks, REFERENCE, sizes), *cases(wrapper_checks, REFERENCE_WRAPPER, sizes)]:
         if not case.applies:
             continue
         marks = [pytest.mark.xdist_group(name=f"nemo_dist_gloo_w{case.world_size}")] if case.world_size else []
@@ -90,7 +102,7 @@ def test_reference_passes_the_registered_check(case: Case, world_factory: WorldF
     verdict = run_case(case, world)
     if verdict.outcome == "skipped":
         pytest.skip(verdict.message)
-    table = format_report(Report((verdict,), REFERENCE, "gloo"))
+    table = format_report(Report((verdict,), case.impl or REFERENCE, "gloo"))
     assert verdict.outcome == "pass", table
     for text in verdict.warnings:  # re-raised here, so the suite's filterwarnings judge them
         category, _, message = text.partition(": ")

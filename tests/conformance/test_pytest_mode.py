@@ -57,7 +57,11 @@ def _usage_error(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     In-process: a usage error stops pytest before any world starts, so a fresh interpreter would only add its
     imports; the real command's own exit status is ``test_cli.py``'s.
     """
-    result = pytester.runpytest_inprocess(str(ROOT / "conformance"), "-p", "no:cacheprovider", *args)
+    # The plugin module is imported above, so the inner run cannot rewrite its asserts and warns so; under the
+    # project's warnings-as-errors that warning alone would end the run as an internal error.
+    result = pytester.runpytest_inprocess(
+        str(ROOT / "conformance"), "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", *args
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     return result
 
@@ -164,3 +168,13 @@ def test_a_hidden_missing_parameter_fails_with_the_option_to_fill_it() -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Likely cause: tests.forks.gallery_gather_with_sizes:timed_gather_with_sizes was called without its " \
         "required parameter 'dim'; pass it on every call with --conformance-gather-kwarg dim=VALUE" in result.stdout
+
+
+def test_bad_ddp_fn_options_are_pytest_usage_errors_worded_for_pytest(pytester: pytest.Pytester) -> None:
+    """A --conformance-ddp-fn misuse stops pytest before any world starts, naming the pytest options."""
+    result = _usage_error(
+        pytester, "--conformance-ddp-fn", "tests.forks.gallery_ddp_fairseq:DistributedFairseqModel"
+    )
+    assert "--conformance-ddp-fn tests.forks.gallery_ddp_fairseq:DistributedFairseqModel has required parameter " \
+        "'args' that no option fills; pass it on every call with --conformance-ddp-kwarg args=VALUE" \
+        in result.stderr.str()

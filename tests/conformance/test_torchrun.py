@@ -77,3 +77,17 @@ def test_the_torchrun_reproduce_prefix_names_the_launch_of_this_world(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
     args = arguments.parser().parse_args(["--tier", "core", "--max-examples", "3"])
     assert cli._torchrun_command(args) == f"{launch} -m nemo_dist.conformance --tier core --max-examples 3"
+
+
+def test_a_ddp_fn_wrapper_is_checked_in_a_torchrun_world_with_its_likely_cause() -> None:
+    """--ddp-fn under torchrun: a summing wrapper (mean declared) fails its training check, naming the cause."""
+    result = run_torchrun(
+        2, "--ddp-fn", "tests.forks.gallery_ddp_summed:DataParallel", "--max-examples", "3",
+        "-k", "wrapper.trains_like_one_process", "-q",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.count("nemo_dist conformance:") == 1
+    assert re.search(r"^wrapper\.trains_like_one_process +2 +core +FAIL", result.stdout, re.M), result.stdout
+    assert "Likely cause: sum where mean was declared" in result.stdout
+    assert "--ddp-fn tests.forks.gallery_ddp_summed:DataParallel --max-examples 3 --check " \
+        "wrapper.trains_like_one_process" in result.stdout

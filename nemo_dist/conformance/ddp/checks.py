@@ -91,8 +91,13 @@ _BASIC_CONFIGS: list[dict[str, Any]] = [
 ]
 
 
-def _not_a_ddp(world: WorldLike, returned: str, what: str) -> None:
-    """Raise: not applicable in a world of one (upstream returns the model there), else a failure."""
+def _not_a_ddp(world: WorldLike, returned: str, what: str, impl: Implementation) -> None:
+    """Raise: not applicable in a world of one (upstream returns the model there) or for a wrapper, else a failure."""
+    if impl.ddp_wrapper is not None:
+        raise NotApplicable(
+            f"{impl.ddp_wrapper.fn} returned {returned}, with no DistributedDataParallel driving the model inside "
+            f"(itself, at .module): no DDP object to {what}"
+        )
     if world.size == 1:
         raise NotApplicable(
             f"the entry point returned {returned}, not DistributedDataParallel, in a world of one rank "
@@ -222,7 +227,7 @@ def _bucket_cap(step: int) -> float:
 def _assert_torch_layout(world: WorldLike, impl: Implementation, cap: float | None) -> None:
     for rank, layouts in enumerate(world.run(ranks.bucket_layouts, impl, [cap], 2)):
         if isinstance(layouts, NotDDP):
-            _not_a_ddp(world, layouts.returned, "compare buckets of")
+            _not_a_ddp(world, layouts.returned, "compare buckets of", impl)
         got, expected = layouts[repr(cap)]["got"], layouts[repr(cap)]["torch"]
         torch_ddp = "torch's DistributedDataParallel" + ("" if cap is None else f"(bucket_cap_mb={cap})")
         assert got == expected, (
@@ -252,7 +257,7 @@ def find_unused_parameters(world: WorldLike, impl: Implementation) -> None:
     tolerated = world.run(ranks.unused_parameter, impl, True)
     for got in tolerated:
         if isinstance(got, NotDDP):
-            _not_a_ddp(world, got.returned, "raise or tolerate an unused parameter")
+            _not_a_ddp(world, got.returned, "raise or tolerate an unused parameter", impl)
     for rank, got in enumerate(tolerated):
         assert got["error"] is None, f"find_unused_parameters=True: rank {rank} raised: {got['error']}"
         assert_close_lists(
@@ -278,7 +283,7 @@ def gradient_as_bucket_view(world: WorldLike, impl: Implementation) -> None:
     for enabled in (True, False):
         for rank, steps in enumerate(world.run(ranks.grad_bucket_aliasing, impl, enabled, 3)):
             if isinstance(steps, NotDDP):
-                _not_a_ddp(world, steps.returned, "hold bucket views")
+                _not_a_ddp(world, steps.returned, "hold bucket views", impl)
             for step, inside in enumerate(steps, start=1):
                 assert all(v == enabled for v in inside), (
                     f"gradient_as_bucket_view={enabled}: on rank {rank}, step {step}, param.grad inside a "
@@ -293,7 +298,7 @@ def static_graph(world: WorldLike, impl: Implementation) -> None:
     results = world.run(training.static_graph_training, impl, global_x, 3)
     for runs in results:
         if isinstance(runs, NotDDP):
-            _not_a_ddp(world, runs.returned, "record static_graph")
+            _not_a_ddp(world, runs.returned, "record static_graph", impl)
     for rank, runs in enumerate(results):
         for setting, run in runs.items():
             assert run["static_graph"] is True, (

@@ -2,7 +2,8 @@
 
 :func:`parallelizer` hides whether the implementation's entry point is
 ``DDPManager(config).parallelize(model)`` or ``parallelize_ddp(model,
-config)``. A rank function whose entry point did not return a DDP (upstream
+config)``, or a ``--ddp-fn`` wrapper given the config's fields as keywords
+(:class:`WrapperEntryPoint`). A rank function whose entry point did not return a DDP (upstream
 in a world of one rank) returns :class:`NotDDP`, and the parent decides
 whether that is not applicable or a failure. Inputs and reference copies
 follow the wrapped model's device (:func:`device_of`); tensors go back as
@@ -19,11 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.ddp.wrapped import wrap
+from nemo_dist.conformance.target import Implementation, NotApplicable
+from nemo_dist.conformance.wrapping import DDPWrapper
 
 __all__ = [
     "FunctionEntryPoint",
     "NotDDP",
+    "WrapperEntryPoint",
     "cpu_copy",
     "ddp_device_ids",
     "device_indices",
@@ -31,6 +35,7 @@ __all__ = [
     "dtype_of",
     "grads_of",
     "local_rows",
+    "observe_comm",
     "parallelizer",
     "params_of",
     "seeded",
@@ -68,8 +73,32 @@ class FunctionEntryPoint:
         return self._function(model, self.config)
 
 
+class WrapperEntryPoint:
+    """A ``--ddp-fn`` wrapper given the DDP fields of a config, with the manager's ``parallelize(model)`` shape."""
+
+    def __init__(self, wrapper: DDPWrapper, fields: dict[str, Any]) -> None:
+        self._wrapper = wrapper
+        self._fields = fields
+
+    def parallelize(self, model: nn.Module) -> Any:
+        """Wrap ``model``; return the DDP found inside when it drives the model (a proxy's), else what to train.
+
+        A field the wrapper cannot take raises ``NotSupported`` naming it.
+        """
+        wrapped = wrap(self._wrapper, model, self._fields)
+        if wrapped.ddp is not None and wrapped.ddp.module is model:
+            return wrapped.ddp
+        return wrapped.trained
+
+
 def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
-    """The implementation's entry point for a config of ``config_kwargs``: an object with ``parallelize(model)``."""
+    """The implementation's entry point for a config of ``config_kwargs``: an object with ``parallelize(model)``.
+
+    A ``--ddp-fn`` wrapper gets the config's fields as keywords
+    (:func:`~nemo_dist.conformance.ddp.wrapped.field_keywords`).
+    """
+    if impl.ddp_wrapper is not None:
+        return WrapperEntryPoint(impl.ddp_wrapper, dict(config_kwargs))
     config = impl.module("config").DDPConfig(**config_kwargs)
     module = impl.module("ddp")
     if impl.resolved_ddp_api() == "DDPManager":
@@ -77,6 +106,23 @@ def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
     return FunctionEntryPoint(module.parallelize_ddp, config)
 
 
+
+
+def observe_comm(ddp: Any, hook: Callable[..., Any]) -> None:
+    """Register a check's observing comm ``hook`` on ``ddp``; ``NotApplicable`` when it already has one.
+
+    DDP takes one comm hook: a DDP whose code under test registered its own
+    (a float16 compression hook, say) cannot be observed through another.
+    """
+    try:
+        ddp.register_comm_hook(None, hook)
+    except RuntimeError as exc:
+        if "can only be called once" not in str(exc):
+            raise
+        raise NotApplicable(
+            "the DDP already has a comm hook (the code under test registered one) and takes no second: its "
+            "buckets cannot be observed through the check's own"
+        ) from None
 
 
 def device_of(module: nn.Module) -> torch.device:

@@ -43,6 +43,7 @@ from nemo_dist.conformance.ddp.entry_point import (
     device_indices,
     device_of,
     local_rows,
+    observe_comm,
     parallelizer,
     params_of,
     seeded,
@@ -187,7 +188,7 @@ def _bucket_layout(wrapped: DistributedDataParallel, steps: int) -> list[list[in
         record[-1][bucket.index()] = [positions.get(p.data_ptr(), -1) for p in bucket.parameters()]
         return allreduce_hook(state, bucket)
 
-    wrapped.register_comm_hook(None, hook)
+    observe_comm(wrapped, hook)
     x = torch.ones(2, BUCKET_WIDTH, dtype=torch.float64, device=device_of(wrapped))
     for _ in range(steps):
         record.append({})
@@ -282,7 +283,7 @@ def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, st
         ranges.append((buffer.data_ptr(), buffer.data_ptr() + buffer.numel() * buffer.element_size()))
         return allreduce_hook(state, bucket)
 
-    wrapped.register_comm_hook(None, hook)
+    observe_comm(wrapped, hook)
     x = torch.ones(2, BUCKET_WIDTH, dtype=torch.float64, device=device_of(model))
     verdicts: list[list[bool]] = []
     for _ in range(steps):

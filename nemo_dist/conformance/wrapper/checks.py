@@ -1,0 +1,254 @@
+"""Behaviour checks of any data-parallel wrapper (``--ddp-fn``): what a correct one does, whatever its shape.
+
+Each check wraps small float64 linear models on every rank through the
+wrapper (:mod:`.ranks`), trains them through the declared step protocol and
+asserts in the parent on what the ranks report: rank 0's weights on every
+rank once wrapped, training equal to one process on the full batch under
+the declared reduction (mean unless ``--ddp-reduction sum``), ranks
+bit-identical, ``no_sync`` (or ``set_requires_gradient_sync(False)``)
+accumulating like one big step where offered, buffers synced or local as
+declared, a world of one that still trains, the model's dtype kept.
+
+Comparisons are exact where the arithmetic is: on small-integer data the
+exact training (:mod:`.exact`, in rationals) says when float64 computes every
+value exactly in any order, and the parameters must then equal it bit for
+bit; on normal draws (which expose a reduction in a lower precision) they
+must agree within ``TOLERANCE_FLOAT64`` (1e-10 absolute and relative), or
+within the tolerance of the dtype the wrapper changed the model to
+(``TOLERANCE_FLOAT32``, 1e-5; bfloat16 and float16 1e-2), computed in it. A failure carries the
+likely cause the ranks' reports name (:mod:`.diagnosis`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, assert_close_lists, tolerance_for
+from nemo_dist.conformance.registry import WorldLike, check
+from nemo_dist.conformance.target import Implementation, NotApplicable
+from nemo_dist.conformance.wrapper import diagnosis, ranks
+from nemo_dist.conformance.wrapper.exact import exact_training
+from nemo_dist.conformance.wrapping import DDPWrapper
+
+__all__ = [
+    "STEPS",
+    "buffers_as_declared",
+    "identical_start",
+    "keeps_dtype",
+    "no_sync_accumulates",
+    "ranks_stay_identical",
+    "trains_like_one_process",
+    "world_of_one_trains",
+]
+
+#: SGD steps of the training checks.
+STEPS = 3
+#: (kind, seed, rows per rank) every training check runs first: exact integers, then normal draws.
+FIXED_EXAMPLES: tuple[tuple[str, int, int], ...] = (("integers", 0, 2), ("normal", 1, 2))
+
+
+def _wrapper(impl: Implementation) -> DDPWrapper:
+    if impl.ddp_wrapper is None:
+        raise NotApplicable("checks a --ddp-fn wrapper; none was named")
+    return impl.ddp_wrapper
+
+
+@contextmanager
+def _explained(cause: Callable[[], str]) -> Iterator[None]:
+    """Attach ``cause()`` as the likely cause of an assertion raised inside."""
+    try:
+        yield
+    except AssertionError as exc:
+        found = cause()
+        if found:
+            exc.likely_cause = found  # type: ignore[attr-defined]
+        raise
+
+
+def _tolerance(dtype: str) -> dict[str, float]:
+    """The tolerance of a comparison computed in ``dtype`` (the wrapper's, when it changed the model's)."""
+    return tolerance_for(dtype, TOLERANCE_FLOAT64)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _exact_params(
+    impl: Implementation, kind: str, seed: int, global_batch: torch.Tensor, size: int, dtype: str
+) -> list[torch.Tensor] | None:
+    """The exact parameters after each step when float64 computes them exactly in any order, else None."""
+    if kind != "integers" or dtype != "torch.float64":
+        return None
+    weight, bias = ranks.initial_weights(seed, kind)
+    run = exact_training(
+        weight.tolist(), bias.tolist(), global_batch.tolist(), size, STEPS, ranks.LR, _wrapper(impl).reduction
+    )
+    if not run.exact:
+        return None
+    return [torch.tensor([float(v) for v in step], dtype=torch.float64) for step in run.params]
+
+
+def _assert_trains(world: WorldLike, impl: Implementation, kind: str, seed: int, rows: int) -> list[dict[str, Any]]:
+    """Run :func:`.ranks.train`; assert every rank's parameters after each step equal one process on the full batch."""
+    wrapper = _wrapper(impl)
+    global_batch = ranks.batch(seed, kind, rows * world.size)
+    results = world.run(ranks.train, impl, seed, kind, global_batch, STEPS)
+    exact = _exact_params(impl, kind, seed, global_batch, world.size, results[0]["dtype"])
+    declared = f"under --ddp-reduction {wrapper.reduction}, {kind} data, {rows} row(s) per rank"
+    with _explained(lambda: diagnosis.training_cause(results, wrapper.reduction)):
+        for rank, got in enumerate(results):
+            for step, params in enumerate(got["params"], start=1):
+                what = f"rank {rank}, parameters after step {step} vs one process on the full batch ({declared})"
+                if exact is not None:
+                    assert torch.equal(params, exact[step - 1]), (
+                        f"{what}, exact (float64 computes this example exactly in any order): "
+                        f"max |diff| {(params - exact[step - 1]).abs().max().item():.3g}\n"
+                        f"got      {params.tolist()}\nexpected {exact[step - 1].tolist()}"
+                    )
+                else:
+                    assert_close_lists([params], [got["reference"][step - 1]], what, _tolerance(got["dtype"]))
+    return results
+
+
+def _examples() -> int:
+    return max(1, settings().max_examples // 5)
+
+
+@check("wrapper.identical_start", tier="core", component="wrapper", min_world=2)
+def identical_start(world: WorldLike, impl: Implementation) -> None:
+    """Ranks built with different initial weights all hold rank 0's once wrapped (by their first forward's end)."""
+    results = world.run(ranks.start, impl, 7)
+    with _explained(lambda: diagnosis.start_cause([r["own"] for r in results], [r["after"] for r in results])):
+        for rank, got in enumerate(results[1:], start=1):
+            diff = (got["after"] - results[0]["own"]).abs().max().item()
+            assert torch.equal(got["after"], results[0]["own"]), (
+                f"rank {rank} holds other weights than rank 0's initial ones after wrapping and one forward "
+                f"(max |diff| {diff:.3g}); a data-parallel wrapper starts every rank from the same weights"
+            )
+
+
+@check("wrapper.trains_like_one_process", tier="core", component="wrapper", min_world=2)
+def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
+    """From per-rank initial weights, 3 SGD steps equal one process on the full batch under the declared reduction."""
+
+    @settings(max_examples=_examples())
+    @given(kind=st.sampled_from(["integers", "normal"]), seed=st.integers(0, 2**16), rows=st.integers(1, 4))
+    @example(kind=FIXED_EXAMPLES[0][0], seed=FIXED_EXAMPLES[0][1], rows=FIXED_EXAMPLES[0][2])
+    @example(kind=FIXED_EXAMPLES[1][0], seed=FIXED_EXAMPLES[1][1], rows=FIXED_EXAMPLES[1][2])
+    def prop(kind: str, seed: int, rows: int) -> None:
+        _assert_trains(world, impl, kind, seed, rows)
+
+    prop()
+
+
+@check("wrapper.world_of_one_trains", tier="core", component="wrapper", max_world=1)
+def world_of_one_trains(world: WorldLike, impl: Implementation) -> None:
+    """In a world of one rank the wrapper (or the model it returns) trains exactly as one process."""
+    for kind, seed, rows in FIXED_EXAMPLES:
+        _assert_trains(world, impl, kind, seed, rows)
+
+
+@check("wrapper.ranks_stay_identical", tier="core", component="wrapper", min_world=2)
+def ranks_stay_identical(world: WorldLike, impl: Implementation) -> None:
+    """After every step of training on normal draws, every rank's parameters equal rank 0's bit for bit."""
+    wrapper = _wrapper(impl)
+    seed, rows = 3, 2
+    results = world.run(ranks.train, impl, seed, "normal", ranks.batch(seed, "normal", rows * world.size), STEPS)
+    with _explained(lambda: diagnosis.training_cause(results, wrapper.reduction)):
+        for rank, got in enumerate(results[1:], start=1):
+            for step, (params, first) in enumerate(zip(got["params"], results[0]["params"], strict=True), start=1):
+                assert torch.equal(params, first), (
+                    f"rank {rank}'s parameters after step {step} differ from rank 0's (max |diff| "
+                    f"{(params - first).abs().max().item():.3g}); data-parallel replicas must stay bit-identical"
+                )
+
+
+def _micro_batches(seed: int, kind: str, rows: int, size: int, count: int) -> torch.Tensor:
+    return torch.stack([ranks.batch(seed + m, kind, rows * size) for m in range(count)])
+
+
+def _assert_accumulates(world: WorldLike, impl: Implementation, kind: str, seed: int, rows: int) -> None:
+    """Run :func:`.ranks.accumulation` on 3 micro-batches; assert the gradient is one big step's on all of them."""
+    wrapper = _wrapper(impl)
+    micro = _micro_batches(seed, kind, rows, world.size, 3)
+    results = world.run(ranks.accumulation, impl, seed, kind, micro)
+    if results[0]["offered"] is None:
+        raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
+    exact = kind == "integers" and _power_of_two(world.size) and _power_of_two(rows)
+    with _explained(lambda: diagnosis.no_sync_cause(results, wrapper.reduction)):
+        for rank, got in enumerate(results):
+            what = (
+                f"rank {rank}: gradient after 2 micro-batches under {got['offered']} and 1 synced vs one big "
+                f"step on all of them (under --ddp-reduction {wrapper.reduction}, {kind} data)"
+            )
+            assert got["grad"] is not None, f"{what}: the wrapper left no gradient"
+            if exact:
+                assert torch.equal(got["grad"], got["expected"]), (
+                    f"{what}, exact:\ngot      {got['grad'].tolist()}\nexpected {got['expected'].tolist()}"
+                )
+            else:
+                assert_close_lists([got["grad"]], [got["expected"]], what, _tolerance(got["dtype"]))
+
+
+@check("wrapper.no_sync_accumulates", tier="core", component="wrapper", min_world=2)
+def no_sync_accumulates(world: WorldLike, impl: Implementation) -> None:
+    """Micro-batches under no_sync() (or set_requires_gradient_sync(False)) then one synced give one big step's grad."""
+    for kind, seed, rows in FIXED_EXAMPLES:
+        _assert_accumulates(world, impl, kind, seed, rows)
+
+
+def _buffer_finding(seen: Sequence[Sequence[float]]) -> str:
+    """What the buffers each rank's forwards saw say: synced, local, synced at construction only, or other."""
+    later = list(enumerate(seen))[1:]
+    if all(s == [0.0, 10.0] for _, s in later):
+        return "synced"
+    if all(s == [float(r), float(r + 10)] for r, s in later):
+        return "local"
+    if all(s == [0.0, float(r + 10)] for r, s in later):
+        return "synced at construction only"
+    return "other"
+
+
+_FINDINGS = {
+    "synced": "synced: every forward saw rank 0's buffers",
+    "local": "local: every rank's forwards saw its own buffers",
+    "synced at construction only": "synced at construction only: the first forward saw rank 0's buffers, "
+    "the second each rank's own (changed in between)",
+    "other": "neither synced nor local",
+}
+
+
+@check("wrapper.buffers_as_declared", tier="core", component="wrapper", min_world=2)
+def buffers_as_declared(world: WorldLike, impl: Implementation) -> None:
+    """Module buffers are synced from rank 0 or left local, as --ddp-buffers declares (reported when undeclared)."""
+    wrapper = _wrapper(impl)
+    seen = [got["seen"] for got in world.run(ranks.buffer_views, impl)]
+    finding = _buffer_finding(seen)
+    shown = "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
+    if wrapper.buffers is None:
+        raise NotApplicable(
+            f"buffers {_FINDINGS[finding]} (declare --ddp-buffers synced or local, under pytest "
+            "--conformance-ddp-buffers, to hold the wrapper to it; "
+            f"buffer values seen by each forward, set to the rank then to rank + 10: {shown})"
+        )
+    assert finding == wrapper.buffers, (
+        f"--ddp-buffers {wrapper.buffers} was declared, but buffers were {_FINDINGS[finding]} (buffer values "
+        f"seen by each forward, set to the rank before wrapping and to rank + 10 before the second: {shown})"
+    )
+
+
+@check("wrapper.keeps_dtype", tier="extended", component="wrapper")
+def keeps_dtype(world: WorldLike, impl: Implementation) -> None:
+    """The wrapper leaves the model's parameter dtype as it is (a float64 model stays float64)."""
+    for rank, got in enumerate(world.run(ranks.start, impl, 5)):
+        assert got["dtype"] == "torch.float64", (
+            f"rank {rank}: {_wrapper(impl).label} changed the model's parameters from torch.float64 to "
+            f"{got['dtype']} (the training checks compare in that dtype's tolerance)"
+        )

@@ -1,0 +1,317 @@
+"""Rank-side functions of the wrapper checks: build, wrap, train through the declared step protocol, report.
+
+Every public function runs on every rank of a world (through ``World.run``),
+takes an ``Implementation`` naming a ``--ddp-fn`` wrapper and plain data,
+and returns plain data (CPU tensors, strings) for the parent to assert on.
+Models are float64 :class:`Linear` layers whose weights come from a seed;
+ranks start from different weights where a check says so (rank r from
+``seed + r``), and the reference copies start from rank 0's. Beside what
+the wrapper did, each function computes what the parent needs to name a
+likely cause: the rank's own local gradient, the exact full-batch one, and
+for ``no_sync`` the gradient of the synced micro-batch alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nemo_dist.conformance.ddp.entry_point import cpu_copy, dtype_of, params_of
+from nemo_dist.conformance.ddp.models import DIM, _Buffered
+from nemo_dist.conformance.ddp.wrapped import (
+    EnvironmentNeeded,
+    accumulating,
+    backward,
+    call_refused,
+    clear,
+    ddp_inside,
+    gradients,
+    rank_device,
+    sgd,
+    wrap,
+)
+from nemo_dist.conformance.target import Implementation
+
+__all__ = [
+    "IN_FEATURES",
+    "LR",
+    "OUT_FEATURES",
+    "accumulation",
+    "batch",
+    "buffer_views",
+    "first_call",
+    "initial_weights",
+    "start",
+    "train",
+]
+
+#: The linear model's shape and the SGD rate (a power of two: steps stay exact on small integers).
+IN_FEATURES, OUT_FEATURES, LR = 4, 2, 0.125
+
+
+def initial_weights(seed: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias a seed gives: integers in {-1, 0, 1} (``kind`` "integers") or normal draws."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = ((OUT_FEATURES, IN_FEATURES), (OUT_FEATURES,))
+    if kind == "integers":
+        made = [torch.randint(-1, 2, s, generator=generator).double() for s in shapes]
+    else:
+        made = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+    return made[0], made[1]
+
+
+def batch(seed: int, kind: str, rows: int) -> torch.Tensor:
+    """A global batch of ``rows`` rows: integers in {-1, 0, 1} or normal draws, float64."""
+    generator = torch.Generator().manual_seed(10_000 + seed)
+    if kind == "integers":
+        return torch.randint(-1, 2, (rows, IN_FEATURES), generator=generator).double()
+    return torch.randn(rows, IN_FEATURES, generator=generator, dtype=torch.float64)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear(IN_FEATURES, OUT_FEATURES)`` in float64 with the weights of :func:`initial_weights`."""
+
+    def __init__(self, seed: int, kind: str) -> None:
+        super().__init__(IN_FEATURES, OUT_FEATURES, dtype=torch.float64)
+        weight, bias = initial_weights(seed, kind)
+        with torch.no_grad():
+            self.weight.copy_(weight)
+            self.bias.copy_(bias)
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.float().square().mean() if out.dtype in (torch.bfloat16, torch.float16) else out.square().mean()
+
+
+def _rows(global_batch: torch.Tensor, rank: int, size: int, like: torch.Tensor) -> torch.Tensor:
+    share = global_batch.shape[0] // size
+    return global_batch[rank * share : (rank + 1) * share].to(like.device, like.dtype)
+
+
+def _wrapper(impl: Implementation) -> Any:
+    if impl.ddp_wrapper is None:
+        raise RuntimeError("the wrapper checks need a --ddp-fn wrapper")
+    return impl.ddp_wrapper
+
+
+def _plain_grads(model: nn.Module, shares: list[tuple[torch.Tensor, float]]) -> list[torch.Tensor]:
+    """Gradients of ``sum(scale * mean(model(x) ** 2))`` over ``shares`` in this process (CPU copies)."""
+    model.zero_grad(set_to_none=True)
+    for x, scale in shares:
+        (scale * _loss(model(x))).backward()
+    found = [cpu_copy(p.grad) for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return found
+
+
+def _flat(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    if any(t is None for t in tensors):
+        return None
+    return torch.cat([cpu_copy(t).reshape(-1).double() for t in tensors if t is not None])
+
+
+def start(impl: Implementation, seed: int) -> dict[str, Any]:
+    """Wrap a model built from ``seed + rank``; its parameters before, and after one forward without grad.
+
+    ``own`` (before) is rounded to the dtype the parameters have after
+    wrapping (``dtype``), so that a wrapper changing it compares as it should.
+    """
+    rank = dist.get_rank()
+    model = Linear(seed + rank, "normal")
+    own = _flat(params_of(model))
+    wrapped = wrap(_wrapper(impl), model)
+    x = torch.ones(2, IN_FEATURES, dtype=dtype_of(model), device=rank_device())
+    with torch.no_grad():
+        wrapped.trained(x)
+    after = _flat(params_of(model))
+    return {"own": _as(own, dtype_of(model)), "after": after, "dtype": str(dtype_of(model))}
+
+
+def _as(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``values`` rounded to ``dtype`` (a wrapper may change the model's), as float64 like every reported tensor."""
+    return None if values is None else values.to(dtype).double()
+
+
+def _copy_of(model: nn.Module, seed: int, kind: str) -> nn.Module:
+    """A plain :class:`Linear` holding ``model``'s current parameters, on its device and in its dtype."""
+    copy = Linear(seed, kind).to(rank_device(), dtype_of(model))
+    with torch.no_grad():
+        for mine, theirs in zip(copy.parameters(), model.parameters(), strict=True):
+            mine.copy_(theirs)
+    return copy
+
+
+def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor, steps: int) -> dict[str, Any]:
+    """Train ``steps`` SGD steps through the wrapper, ranks starting from ``seed + rank``; the reference beside.
+
+    Returns this rank's own initial weights (``own``, rounded to the
+    wrapped model's dtype), the parameters after
+    the first forward (``start``) and after each step (``params``; each
+    flattened: weight rows then bias), the dtype, and per step the gradient
+    the wrapper left (``grads``) beside two computed in this process from
+    the same parameters: this rank's own local gradient (``locals``) and the
+    full-batch one under the declared reduction (``expected``). ``reference``
+    is the full-batch run from rank 0's weights (parameters per step).
+    """
+    wrapper = _wrapper(impl)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = Linear(seed + rank, kind)
+    own = _flat(params_of(model))
+    wrapped = wrap(wrapper, model)
+    dtype, device = dtype_of(model), rank_device()
+    data = global_batch.to(device, dtype)
+    x = _rows(data, rank, size, data)
+    scale = 1.0 / size if wrapper.reduction == "mean" else 1.0
+    shares = [(_rows(data, r, size, data), scale) for r in range(size)]
+    found: dict[str, Any] = {
+        "own": _as(own, dtype), "dtype": str(dtype), "params": [], "grads": [], "locals": [], "expected": []
+    }
+    for step in range(steps):
+        out = wrapped.trained(x)
+        if step == 0:
+            found["start"] = _flat(params_of(model))
+        backward(wrapped, _loss(out))
+        found["grads"].append(_flat(gradients(wrapped)))
+        now = _copy_of(model, seed, kind)
+        found["locals"].append(_flat(_plain_grads(now, [(x, 1.0)])))
+        found["expected"].append(_flat(_plain_grads(now, shares)))
+        sgd(wrapped, LR)
+        found["params"].append(_flat(params_of(model)))
+    reference = Linear(seed, kind).to(device, dtype)
+    found["reference"] = []
+    for _ in range(steps):
+        grads = _plain_grads(reference, shares)
+        with torch.no_grad():
+            for p, g in zip(reference.parameters(), grads, strict=True):
+                p.sub_(LR * g.to(device))
+        found["reference"].append(_flat(params_of(reference)))
+    return found
+
+
+def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor) -> dict[str, Any]:
+    """Accumulate micro-batches without syncing, then one synced; the gradient that leaves, and the candidates.
+
+    ``micro`` is ``[M, W * rows, IN_FEATURES]``: micro-batch m of rank r is
+    its rows of ``micro[m]``. The first M - 1 backward passes run inside
+    ``no_sync()`` (or with ``set_requires_gradient_sync(False)``), the last
+    outside it, after one synced step that updates nothing. Returns ``{"offered": None}`` when the wrapper offers
+    neither; else the gradient the wrapper left (``grad``), the one big step
+    it must equal (``expected``: every micro-batch of every rank, reduced as
+    declared), the reduced gradient of the synced micro-batch alone
+    (``last_only``), the local accumulation plus the reduced last
+    micro-batch (``unreduced_accumulation``) and this rank's accumulation
+    with no reduction at all (``local_accumulation``). Every rank starts from ``seed``.
+    """
+    wrapper = _wrapper(impl)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    wrapped = wrap(wrapper, Linear(seed, kind))
+    context = accumulating(wrapped)
+    if context is None:
+        return {"offered": None}
+    model = wrapped.model
+    dtype, device = dtype_of(model), rank_device()
+    batches = [micro[m].to(device, dtype) for m in range(micro.shape[0])]
+    # One synced step first, with no update, as a trainer's first step: DDP with static_graph=True records its
+    # graph on its first iteration and asserts inside torch when that iteration runs under no_sync (torch 2.13).
+    backward(wrapped, _loss(wrapped.trained(_rows(batches[0], rank, size, batches[0]))))
+    clear(wrapped)
+    for m, data in enumerate(batches):
+        x = _rows(data, rank, size, data)
+        if m < len(batches) - 1:
+            with context():
+                backward(wrapped, _loss(wrapped.trained(x)), sync=False)
+        else:
+            backward(wrapped, _loss(wrapped.trained(x)))
+    found: dict[str, Any] = {
+        "offered": getattr(context, "__name__", "set_requires_gradient_sync"), "dtype": str(dtype)
+    }
+    found["grad"] = _flat(gradients(wrapped))
+    clear(wrapped)
+    reference = Linear(seed, kind).to(device, dtype)
+    scale = 1.0 / size if wrapper.reduction == "mean" else 1.0
+    reduced = [(_rows(data, r, size, data), scale) for data in batches for r in range(size)]
+    found["expected"] = _flat(_plain_grads(reference, reduced))
+    last = [(_rows(batches[-1], r, size, batches[-1]), scale) for r in range(size)]
+    found["last_only"] = _flat(_plain_grads(reference, last))
+    own_earlier = [(_rows(data, rank, size, data), 1.0) for data in batches[:-1]]
+    found["unreduced_accumulation"] = _flat(_plain_grads(reference, own_earlier + last))
+    own_last = [(_rows(batches[-1], rank, size, batches[-1]), 1.0)]
+    found["local_accumulation"] = _flat(_plain_grads(reference, own_earlier + own_last))
+    return found
+
+
+def buffer_views(impl: Implementation) -> dict[str, Any]:
+    """The buffer each forward saw: set to the rank before wrapping, to rank + 10 before the second step.
+
+    Trains two steps of a float64 linear layer whose ``offset`` buffer its
+    forward records; returns the first element each forward saw.
+    """
+    rank = dist.get_rank()
+    model = _Buffered()
+    with torch.no_grad():
+        model.linear.weight.fill_(0.5)
+        model.linear.bias.zero_()
+    model.offset.fill_(float(rank))
+    wrapped = wrap(_wrapper(impl), model.double())
+    x = torch.ones(2, DIM, dtype=dtype_of(model), device=rank_device())
+    for value in (None, float(rank + 10)):
+        if value is not None:
+            model.offset.fill_(value)
+        backward(wrapped, _loss(wrapped.trained(x)))
+        sgd(wrapped, LR)
+    return {"seen": [float(seen.reshape(-1)[0]) for seen in model.seen]}
+
+
+def first_call(impl: Implementation) -> dict[str, Any]:
+    """One wrap and training step of a small model on this rank: what came back, what it lacks, what failed.
+
+    Keys: ``error`` (``Type: message`` of a failure, "" without), ``need``
+    (the one-line message when the world lacks CUDA or a launcher variable),
+    ``refused`` (Python refused the call's arguments: the ``TypeError``),
+    ``returned``, ``ddp_at`` and ``ddp`` (the DDP found and its settings),
+    ``missing`` (step-protocol methods what came back lacks), ``dtype``
+    (the parameters' dtype after wrapping) and ``accumulates`` (``no_sync``,
+    ``set_requires_gradient_sync`` or "").
+    """
+    found: dict[str, Any] = {
+        "error": "", "need": "", "refused": "", "missing": [], "returned": "", "ddp_at": "", "ddp": ""
+    }
+    try:
+        wrapped = wrap(_wrapper(impl), Linear(0, "integers"))
+    except EnvironmentNeeded as exc:
+        return {**found, "need": str(exc), "error": f"{type(exc.__cause__).__name__}: {exc.__cause__}"}
+    except Exception as exc:
+        return {**found, "error": f"{type(exc).__name__}: {str(exc).strip()}", "refused": call_refused(exc)}
+    wrapper = wrapped.wrapper
+    missing = [
+        (field, name)
+        for field, name in (("ddp_after_backward", wrapper.after_backward), ("ddp_zero_grad", wrapper.zero_grad))
+        if name is not None and not callable(getattr(wrapped.trained, name, None))
+    ]
+    context = accumulating(wrapped)
+    found.update(
+        returned=wrapped.returned,
+        missing=missing,
+        dtype=str(dtype_of(wrapped.model)),
+        accumulates="" if context is None else getattr(context, "__name__", "set_requires_gradient_sync"),
+    )
+    if not missing:
+        try:
+            x = torch.ones(2, IN_FEATURES, dtype=dtype_of(wrapped.model), device=rank_device())
+            backward(wrapped, _loss(wrapped.trained(x)))
+            sgd(wrapped, 0.0)
+        except Exception as exc:
+            found["error"] = f"{type(exc).__name__}: {str(exc).strip()}"
+    ddp, at = ddp_inside(wrapped.trained, wrapped.model)  # after a forward: replicate builds its DDP lazily
+    found["ddp_at"] = at
+    if ddp is not None:
+        settings = ("static_graph", "broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view")
+        shown = [f"{name}={getattr(ddp, name)!r}" for name in settings if hasattr(ddp, name)]
+        cap = getattr(ddp, "bucket_bytes_cap", None)
+        shown += [] if cap is None else [f"bucket_cap_mb={cap / 2**20:g}"]
+        found["ddp"] = ", ".join(shown)
+    return found
