@@ -213,7 +213,7 @@ FIELD_RUNS: dict[str, tuple[dict[str, Any], dict[str, tuple[str, str]]]] = {
     "torch_replicate": (
         {"ddp_fn": "torch.distributed._composable.replicate:replicate"},
         {
-            "ddp.bucket_cap_mb": ("not applicable", "no DDP object to count buckets of"),
+            "ddp.bucket_cap_mb": ("not applicable", "no DDP object to compare buckets of"),
             "ddp.broadcast_buffers": ("fail", "broadcast_buffers=True: rank 1's buffer after init is 1, expected 0"),
         },
     ),

@@ -240,6 +240,8 @@ def _assert_torch_layout(world: WorldLike, impl: Implementation, cap: float | No
 @check("ddp.bucket_cap_mb", tier="core", component="ddp")
 def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
     """bucket_cap_mb gives torch DDP's own bucket layout for that cap (caps over three decades); None, its default."""
+    # A cap first: where the entry point cannot take the field, that is what the verdict says.
+    _assert_torch_layout(world, impl, SMALLEST_BUCKET_CAP)
     _assert_torch_layout(world, impl, None)
 
     @settings(max_examples=_examples(4))
