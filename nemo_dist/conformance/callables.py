@@ -33,6 +33,7 @@ __all__ = [
     "parse_gather_init",
     "parse_gather_kwargs",
     "parse_gather_output",
+    "parse_output_index",
     "value_of",
 ]
 
@@ -118,8 +119,11 @@ def parse_gather_init(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
     return tuple(_parse(items, "gather_init", INIT_SYMBOLS, "dim=0").items())
 
 
-def parse_gather_output(text: str | int | None) -> int | None:
-    """The ``--gather-output`` index (an int >= 0), or None when not given; ``OptionError`` for anything else."""
+def parse_output_index(field: str, text: str | int | None, what: str) -> int | None:
+    """An output index option (an int >= 0) of option ``field``, or None when not given.
+
+    ``OptionError`` for anything else, saying it picks ``what`` out of a tuple or list return.
+    """
     if text is None:
         return None
     try:
@@ -128,10 +132,15 @@ def parse_gather_output(text: str | int | None) -> int | None:
         index = -1
     if index < 0:
         raise OptionError(
-            "{opt:gather_output} expects the index (>= 0) of the gathered tensor in a tuple or list return, "
-            f"such as {{opt:gather_output}} 0; got {str(text)!r}"
+            f"{{opt:{field}}} expects the index (>= 0) of {what} in a tuple or list return, "
+            f"such as {{opt:{field}}} 0; got {str(text)!r}"
         )
     return index
+
+
+def parse_gather_output(text: str | int | None) -> int | None:
+    """The ``--gather-output`` index (an int >= 0), or None when not given; ``OptionError`` for anything else."""
+    return parse_output_index("gather_output", text, "the gathered tensor")
 
 
 def check_call(field: str, spec: str, found: Any, impl: Implementation) -> None:

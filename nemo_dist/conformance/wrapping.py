@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_dist.conformance import signature
+from nemo_dist.conformance.callables import parse_output_index
 from nemo_dist.conformance.target import MissingParameter, OptionError, resolve_callable
 
 __all__ = [
@@ -194,17 +195,7 @@ def parse_wrapper(
     module, sep, name = ddp_fn.partition(":")
     if not sep or not module or not name:
         raise OptionError(f"{{opt:ddp_fn}} expects MODULE:NAME, such as {{opt:ddp_fn}} {_EXAMPLE}; got {ddp_fn!r}")
-    output = None
-    if ddp_output is not None:
-        try:
-            output = int(str(ddp_output).strip())
-        except ValueError:
-            output = -1
-        if output < 0:
-            raise OptionError(
-                "{opt:ddp_output} expects the index (>= 0) of the wrapped model in a tuple or list return, "
-                f"such as {{opt:ddp_output}} 0; got {str(ddp_output)!r}"
-            )
+    output = parse_output_index("ddp_output", ddp_output, "the wrapped model")
     return DDPWrapper(
         fn=ddp_fn,
         method=_method_name("ddp_method", ddp_method, "setup_module"),
