@@ -11,7 +11,8 @@ the mutant. Printed per mutant: KILLED (the checks that failed), SURVIVED
 (with its diff), or EQUIVALENT (with the reason: a mutant that changes only
 a type annotation, which ``from __future__ import annotations`` never
 evaluates, is found here; the others are listed in ``EXPLAINED`` below, each
-with why it cannot change behaviour, or why a CPU run cannot observe it).
+with why it cannot change behaviour, or why a CPU run cannot observe it). A
+mutant that does not compile is killed without a run (nothing imports it).
 Then the totals and the time taken. Exit 0 when no unexplained mutant
 survived, 1 otherwise, 2 on a usage error.
 
@@ -48,6 +49,8 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+_CUDA_INDEX = "CUDA only (not observable on CPU): the GPU index of an NCCL rank with CUDA; the gpu tests check it"
+
 #: Mutants that survive for a reason, keyed by (module, operator, original line, mutated line), both lines stripped.
 EXPLAINED: dict[tuple[str, str, str, str], str] = {
     (
@@ -56,6 +59,104 @@ EXPLAINED: dict[tuple[str, str, str, str], str] = {
         'if "all" in names and len(set(names)) > 1:',
         'if "all" in names and len(set(names)) != 1:',
     ): "with 'all' among the names there is at least one distinct name, so > 1 and != 1 agree",
+    (
+        "nemo_dist/loss/dist_utils.py",
+        "core/ReplaceUnaryOperator_USub_UAdd",
+        "meta = torch.full((_META_LEN,), -1, dtype=torch.int64)",
+        "meta = torch.full((_META_LEN,), +1, dtype=torch.int64)",
+    ): "the fill of the shape slots past a tensor's own dims is never read: each rank's shape is cut to its ndim",
+    (
+        "nemo_dist/distributed/activation_checkpointing.py",
+        "core/ReplaceComparisonOperator_Eq_LtE",
+        "if not _is_block_container(module) or len(module) == 0:",
+        "if not _is_block_container(module) or len(module) <= 0:",
+    ): "a container's length is never negative, so == 0 and <= 0 agree",
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceComparisonOperator_Eq_Is",
+        '"device_ids": [device] if device.type == "cuda" else None,',
+        '"device_ids": [device] if device.type is "cuda" else None,',
+    ): "CUDA only (not observable on CPU): on CPU both sides are False; on CUDA `is` compares identity and "
+    "device_ids would go missing; the gpu tests' ddp.parallelize_wraps_and_places checks device_ids",
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceAndWithOr",
+        'if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():',
+        'if "nccl" in str(dist.get_backend()) or torch.cuda.is_available():',
+    ): "CUDA only (not observable on CPU): without CUDA, and on gloo, both sides are False",
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_BitOr",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() | torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_Mul",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() * torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_LShift",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() << torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_Pow",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() ** torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_Add",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() + torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_Sub",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() - torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_Div",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() / torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_FloorDiv",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() // torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_RShift",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() >> torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_BitAnd",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() & torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceBinaryOperator_Mod_BitXor",
+        "index = dist.get_rank() % torch.cuda.device_count()",
+        "index = dist.get_rank() ^ torch.cuda.device_count()",
+    ): _CUDA_INDEX,
+    (
+        "nemo_dist/distributed/ddp.py",
+        "core/ReplaceComparisonOperator_Eq_GtE",
+        '"device_ids": [device] if device.type == "cuda" else None,',
+        '"device_ids": [device] if device.type >= "cuda" else None,',
+    ): "the same for the devices the entry point places a model on (cpu: False, cuda: True); only a device= of a "
+    "type sorting after 'cuda' (xpu, mps) differs, which DDP cannot run on a CPU machine",
 }
 
 
@@ -96,8 +197,17 @@ def _without_annotations(source: str) -> str:
     return ast.dump(tree)
 
 
+def compiles(source: str) -> bool:
+    """Whether ``source`` is valid Python (some operators make, say, ``f(x, +, y)`` of a bare ``*``)."""
+    try:
+        compile(source, "<mutant>", "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
 def equivalence(module: str, original: str, mutant: Mutant) -> str:
-    """Why ``mutant`` cannot change behaviour ("" when it can, as far as this script knows)."""
+    """Why ``mutant`` cannot change behaviour ("" when it can, as far as this script knows; it compiles)."""
     if "from __future__ import annotations" in original and _without_annotations(
         original
     ) == _without_annotations(mutant.source):
@@ -200,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         target = copy / args.module
         for index, mutant in enumerate(drawn, 1):
             label = f"#{index:02d} {mutant.operator} (occurrence {mutant.occurrence})"
+            if not compiles(mutant.source):
+                counts["killed"] += 1
+                print(f"{label}: KILLED without a run: the module no longer compiles (nothing imports it)", flush=True)
+                continue
             reason = equivalence(args.module, original, mutant)
             if reason:
                 counts["equivalent"] += 1
