@@ -157,6 +157,13 @@ EXPLAINED: dict[tuple[str, str, str, str], str] = {
         '"device_ids": [device] if device.type >= "cuda" else None,',
     ): "the same for the devices the entry point places a model on (cpu: False, cuda: True); only a device= of a "
     "type sorting after 'cuda' (xpu, mps) differs, which DDP cannot run on a CPU machine",
+    (
+        "nemo_dist/distributed/activation_checkpointing.py",
+        "core/ReplaceComparisonOperator_Eq_Lt",
+        "if not _is_block_container(module) or len(module) == 0:",
+        "if not _is_block_container(module) or len(module) < 0:",
+    ): "an empty container, no longer skipped, loses to any non-empty one of its group, and where it is a "
+    "group's only container it adds a group of no block: the same blocks are checkpointed",
 }
 
 
