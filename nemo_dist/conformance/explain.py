@@ -25,6 +25,7 @@ __all__ = [
     "find",
     "fold_tool_frames",
     "grouped",
+    "likely_cause",
     "rank_failure",
 ]
 
@@ -74,6 +75,19 @@ def grouped(exc: BaseException) -> list[BaseException] | None:
     for sub in subs:
         found += grouped(sub) or [sub]
     return found
+
+
+def likely_cause(exc: BaseException) -> str:
+    """The likely cause a check attached to ``exc``; for a group, the first one any of its failures carries.
+
+    A check attaches its cause to the assertion it raised; when hypothesis
+    found several distinct failures, those assertions sit inside a group.
+    """
+    for found in (exc, *(grouped(exc) or ())):
+        cause = str(getattr(found, "likely_cause", "") or "")
+        if cause:
+            return cause
+    return ""
 
 
 def _tool_frame(path: str) -> bool:
@@ -236,7 +250,7 @@ def find(exc: BaseException) -> Finding:
     the code under test, its folded traceback.
     """
     example = _example(exc)
-    cause = str(getattr(exc, "likely_cause", "") or "")
+    cause = likely_cause(exc)
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
         found = rank_failure(exc)

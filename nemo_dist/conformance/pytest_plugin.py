@@ -315,7 +315,7 @@ def check_holds(
     from hypothesis import core
 
     from nemo_dist.conformance.deadlines import DeadlineWorld, StepAborted, StepHung
-    from nemo_dist.conformance.explain import add_note
+    from nemo_dist.conformance.explain import add_note, likely_cause
     from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
     from nemo_dist.conformance.target import NotApplicable
     from nemo_dist.conformance.verdicts import classify, is_not_supported
@@ -345,7 +345,7 @@ def check_holds(
         except Exception as exc:
             if is_not_supported(exc):  # the reason, also when every rank raised it
                 pytest.skip(f"not supported: {classify(exc).message.removeprefix('NotSupported: ')}")
-            cause = getattr(exc, "likely_cause", "") or _missing_parameter_cause(case.impl, exc)
+            cause = likely_cause(exc) or _missing_parameter_cause(case.impl, exc)
             if not cause and config.getoption("--conformance-backend") == "gloo":
                 cause = _cuda_cause(case.impl, exc)
             if cause:

@@ -178,3 +178,35 @@ def test_bad_ddp_fn_options_are_pytest_usage_errors_worded_for_pytest(pytester: 
     assert "--conformance-ddp-fn tests.forks.gallery_ddp_fairseq:DistributedFairseqModel has required parameter " \
         "'args' that no option fills; pass it on every call with --conformance-ddp-kwarg args=VALUE" \
         in result.stderr.str()
+
+
+_SUMMED = ("--conformance-ddp-fn", "tests.forks.gallery_ddp_summed:DataParallel",
+           "-k", "wrapper and (trains_like_one_process or ranks_stay_identical)")
+
+
+def test_a_ddp_fn_wrapper_fails_under_pytest_with_its_likely_cause() -> None:
+    """A wrapper summing gradients, held to the default mean, fails training under pytest with that cause."""
+    from nemo_dist.conformance.wrapper.diagnosis import CAUSES
+
+    result = _pytest_conformance(*_SUMMED)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED conformance/test_conformance.py::test_check_holds[wrapper.trains_like_one_process-w2]" \
+        in result.stdout, result.stdout
+    assert f"Likely cause: {CAUSES['sum_for_mean']}" in result.stdout, result.stdout
+    assert "1 failed, 1 passed" in result.stdout, result.stdout
+
+
+def test_ddp_fn_step_options_reach_the_checks_under_pytest() -> None:
+    """The same wrapper declared with --conformance-ddp-reduction sum conforms; so does a Megatron-style wrapper
+    stepped through --conformance-ddp-after-backward, -grad-attr and -zero-grad."""
+    summed = _pytest_conformance(*_SUMMED, "--conformance-ddp-reduction", "sum")
+    assert summed.returncode == 0, summed.stdout + summed.stderr
+    assert "2 passed" in summed.stdout, summed.stdout
+    megatron = _pytest_conformance(
+        "--conformance-ddp-fn", "tests.forks.gallery_ddp_megatron:DistributedDataParallel",
+        "--conformance-ddp-kwarg", "ddp_config={}", "--conformance-ddp-after-backward", "finish_grad_sync",
+        "--conformance-ddp-grad-attr", "main_grad", "--conformance-ddp-zero-grad", "zero_grad_buffer",
+        "-k", "wrapper and trains_like_one_process",
+    )
+    assert megatron.returncode == 0, megatron.stdout + megatron.stderr
+    assert "1 passed" in megatron.stdout, megatron.stdout
