@@ -30,9 +30,11 @@ __all__ = [
     "Symbol",
     "check_call",
     "mentions_cuda",
+    "missing_parameter_error",
     "parse_gather_init",
     "parse_gather_kwargs",
     "parse_gather_output",
+    "parse_keyword_pairs",
     "parse_output_index",
     "value_of",
 ]
@@ -66,20 +68,26 @@ def value_of(text: str) -> Any:
     return Symbol(text[1:]) if text.startswith("@") else ast.literal_eval(text)
 
 
-def _parse(items: Sequence[str], field: str, symbols: Sequence[str], example: str) -> dict[str, str]:
-    """``NAME=VALUE`` texts as ``{name: stored text}`` (a literal's repr, or ``@symbol``); ``OptionError`` if bad."""
+def parse_keyword_pairs(items: Sequence[str], field: str, symbols: Sequence[str], example: str) -> dict[str, str]:
+    """``NAME=VALUE`` texts of option ``field`` as ``{name: stored text}``: a literal's repr, or ``@symbol``.
+
+    ``symbols`` are the ``@names`` the option takes (none: every VALUE is a
+    literal). ``OptionError`` for a malformed item, a name given twice, an
+    unknown symbol, or a VALUE that is not a Python literal.
+    """
+    either = " or an @symbol" if symbols else ""
     pairs: dict[str, str] = {}
     for item in items:
         name, sep, text = item.partition("=")
         name, text = name.strip(), text.strip()
         if not sep or not name.isidentifier():
             raise OptionError(
-                f"{{opt:{field}}} expects NAME=VALUE (VALUE a Python literal or an @symbol), such as "
+                f"{{opt:{field}}} expects NAME=VALUE (VALUE a Python literal{either}), such as "
                 f"{{opt:{field}}} {example}; got {item!r}"
             )
         if name in pairs:
             raise OptionError(f"{{opt:{field}}} names {name!r} twice; give each keyword once")
-        if text.startswith("@"):
+        if symbols and text.startswith("@"):
             if text[1:] not in symbols:
                 known = ", ".join(f"@{s}" for s in symbols)
                 raise OptionError(f"{{opt:{field}}} {item!r}: {text!r} is no symbol; the symbols are {known}")
@@ -90,7 +98,8 @@ def _parse(items: Sequence[str], field: str, symbols: Sequence[str], example: st
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise OptionError(
                 f"{{opt:{field}}} {item!r}: {text!r} is not a Python literal (a number, string, "
-                f"True/False/None, tuple, list or dict of them) nor an @symbol; quote a string: {name}='text'"
+                f"True/False/None, tuple, list or dict of them){' nor an @symbol' if symbols else ''}; "
+                f"quote a string: {name}='text'"
             ) from None
         pairs[name] = repr(value)
     return pairs
@@ -103,7 +112,7 @@ def parse_gather_kwargs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
     name given twice, or a name the checks pass themselves (``uneven``, and a
     process group by any value but ``@group``).
     """
-    pairs = _parse(items, "gather_kwarg", tuple(SYMBOLS), "dim=0")
+    pairs = parse_keyword_pairs(items, "gather_kwarg", tuple(SYMBOLS), "dim=0")
     for name, text in pairs.items():
         if name == "uneven" or (name in GROUP_PARAMETERS and text != "@group"):
             raise OptionError(
@@ -116,7 +125,7 @@ def parse_gather_kwargs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
 
 def parse_gather_init(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """``--gather-init`` texts as ``(name, stored text)`` pairs (a literal, or one of :data:`INIT_SYMBOLS`)."""
-    return tuple(_parse(items, "gather_init", INIT_SYMBOLS, "dim=0").items())
+    return tuple(parse_keyword_pairs(items, "gather_init", INIT_SYMBOLS, "dim=0").items())
 
 
 def parse_output_index(field: str, text: str | int | None, what: str) -> int | None:
@@ -219,17 +228,31 @@ def _no_missing(
 ) -> None:
     """Raise ``MissingParameter`` for the required ``parameters`` neither ``given`` nor the checks fill."""
     missing = signature.unfilled(parameters, given, (*GROUP_PARAMETERS, "uneven"))
-    if not missing:
-        return
+    if missing:
+        owner = f"{what}{spec}" + ("'s constructor" if what else "")
+        raise missing_parameter_error(
+            f"{{opt:{field}}} {owner}", parameters, missing, option, remedy, f"such as {missing[0]}=0"
+        )
+
+
+def missing_parameter_error(
+    subject: str,
+    parameters: tuple[inspect.Parameter, ...],
+    missing: Sequence[str],
+    option: str,
+    remedy: str,
+    example: str = "",
+) -> MissingParameter:
+    """The usage error of a callable (``subject``, its option first) whose required ``missing`` parameters no
+    option fills: it names them and the ``{opt:option} NAME=VALUE`` flags that would, after ``remedy``."""
     kinds = {p.name: p.kind for p in parameters}
     keyword = " keyword-only" if kinds[missing[0]] is _P.KEYWORD_ONLY else ""
     names = ", ".join(repr(n) for n in missing)
     flags = " ".join(f"{{opt:{option}}} {n}=VALUE" for n in missing)
     plural = "s" if len(missing) > 1 else ""
-    owner = f"{what}{spec}" + ("'s constructor" if what else "")
-    raise MissingParameter(
-        f"{{opt:{field}}} {owner} has required{keyword} parameter{plural} {names} that no option fills; "
-        f"{remedy} {flags} (VALUE a Python literal, such as {missing[0]}=0)",
+    return MissingParameter(
+        f"{subject} has required{keyword} parameter{plural} {names} that no option fills; "
+        f"{remedy} {flags} (VALUE a Python literal{', ' + example if example else ''})",
         missing[0],
     )
 

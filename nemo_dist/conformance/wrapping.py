@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_dist.conformance import signature
-from nemo_dist.conformance.callables import parse_output_index
-from nemo_dist.conformance.target import MissingParameter, OptionError, resolve_callable
+from nemo_dist.conformance.callables import missing_parameter_error, parse_keyword_pairs, parse_output_index
+from nemo_dist.conformance.target import OptionError, resolve_callable
 
 __all__ = [
     "BUFFERS",
@@ -114,30 +114,13 @@ class DDPWrapper:
 
 def _keyword_pairs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """``--ddp-kwarg`` texts as ``(name, literal)`` pairs; ``OptionError`` for a malformed or refused item."""
-    pairs: dict[str, str] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        name = name.strip()
-        if not sep or not name.isidentifier():
-            raise OptionError(
-                "{opt:ddp_kwarg} expects NAME=VALUE (VALUE a Python literal), such as "
-                f"{{opt:ddp_kwarg}} fp16_compression=True; got {item!r}"
-            )
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise OptionError(
-                f"{{opt:ddp_kwarg}} {item!r}: {text.strip()!r} is not a Python literal (a number, string, "
-                f"True/False/None, tuple, list or dict of them); quote a string: {name}='text'"
-            ) from None
+    pairs = parse_keyword_pairs(items, "ddp_kwarg", (), "fp16_compression=True")
+    for name, text in pairs.items():
         if name in DDP_FIELD_KEYWORDS:
             raise OptionError(
-                f"{{opt:ddp_kwarg}} {item!r}: the ddp field checks pass {name}= themselves where they vary it "
-                "(the wrapper checks pass none: the wrapper's own default); leave it out"
+                f"{{opt:ddp_kwarg}} '{name}={text}': the ddp field checks pass {name}= themselves where they vary "
+                "it (the wrapper checks pass none: the wrapper's own default); leave it out"
             )
-        if name in pairs:
-            raise OptionError(f"{{opt:ddp_kwarg}} names {name!r} twice; give each keyword once")
-        pairs[name] = repr(value)
     return tuple(pairs.items())
 
 
@@ -346,15 +329,10 @@ def _check_keywords(
     where = f"{wrapper.fn}(...)" if wrapper.method else wrapper.fn
     missing = signature.unfilled(parameters, given, (model_name,) if model_name else ())
     if missing:
-        kinds = {p.name: p.kind for p in parameters}
-        keyword = " keyword-only" if kinds[missing[0]] is _P.KEYWORD_ONLY else ""
-        names = ", ".join(repr(n) for n in missing)
-        flags = " ".join(f"{{opt:ddp_kwarg}} {n}=VALUE" for n in missing)
-        plural = "s" if len(missing) > 1 else ""
-        raise MissingParameter(
-            f"{{opt:ddp_fn}} {where} has required{keyword} parameter{plural} {names} that no option fills; "
-            f"pass {'them' if plural else 'it'} on every call with {flags} (VALUE a Python literal)",
-            missing[0],
+        plural = len(missing) > 1
+        raise missing_parameter_error(
+            f"{{opt:ddp_fn}} {where}", parameters, missing, "ddp_kwarg",
+            f"pass {'them' if plural else 'it'} on every call with",
         )
     unknown = signature.not_taken(parameters, given, False)
     if unknown:
