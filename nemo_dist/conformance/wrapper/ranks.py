@@ -87,9 +87,20 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.float().square().mean() if out.dtype in (torch.bfloat16, torch.float16) else out.square().mean()
 
 
-def _rows(global_batch: torch.Tensor, rank: int, size: int, like: torch.Tensor) -> torch.Tensor:
+def _rows(global_batch: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s share of ``global_batch`` (an equal slice of its rows, in rank order)."""
     share = global_batch.shape[0] // size
-    return global_batch[rank * share : (rank + 1) * share].to(like.device, like.dtype)
+    return global_batch[rank * share : (rank + 1) * share]
+
+
+def _scale(reduction: str, size: int) -> float:
+    """The factor of each rank's loss in the full-batch reference: 1/W under a declared mean, 1 under a sum."""
+    return 1.0 / size if reduction == "mean" else 1.0
+
+
+def _context_name(context: Any) -> str:
+    """How reports name an accumulation context of :func:`accumulating` (``no_sync``, else the sync switch)."""
+    return getattr(context, "__name__", "set_requires_gradient_sync")
 
 
 def _wrapper(impl: Implementation) -> Any:
@@ -164,9 +175,9 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
     wrapped = wrap(wrapper, model)
     dtype, device = dtype_of(model), rank_device()
     data = global_batch.to(device, dtype)
-    x = _rows(data, rank, size, data)
-    scale = 1.0 / size if wrapper.reduction == "mean" else 1.0
-    shares = [(_rows(data, r, size, data), scale) for r in range(size)]
+    x = _rows(data, rank, size)
+    scale = _scale(wrapper.reduction, size)
+    shares = [(_rows(data, r, size), scale) for r in range(size)]
     found: dict[str, Any] = {
         "own": _as(own, dtype), "dtype": str(dtype), "params": [], "grads": [], "locals": [], "expected": []
     }
@@ -217,29 +228,27 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
     batches = [micro[m].to(device, dtype) for m in range(micro.shape[0])]
     # One synced step first, with no update, as a trainer's first step: DDP with static_graph=True records its
     # graph on its first iteration and asserts inside torch when that iteration runs under no_sync (torch 2.13).
-    backward(wrapped, _loss(wrapped.trained(_rows(batches[0], rank, size, batches[0]))))
+    backward(wrapped, _loss(wrapped.trained(_rows(batches[0], rank, size))))
     clear(wrapped)
     for m, data in enumerate(batches):
-        x = _rows(data, rank, size, data)
+        x = _rows(data, rank, size)
         if m < len(batches) - 1:
             with context():
                 backward(wrapped, _loss(wrapped.trained(x)), sync=False)
         else:
             backward(wrapped, _loss(wrapped.trained(x)))
-    found: dict[str, Any] = {
-        "offered": getattr(context, "__name__", "set_requires_gradient_sync"), "dtype": str(dtype)
-    }
+    found: dict[str, Any] = {"offered": _context_name(context), "dtype": str(dtype)}
     found["grad"] = _flat(gradients(wrapped))
     clear(wrapped)
     reference = Linear(seed, kind).to(device, dtype)
-    scale = 1.0 / size if wrapper.reduction == "mean" else 1.0
-    reduced = [(_rows(data, r, size, data), scale) for data in batches for r in range(size)]
+    scale = _scale(wrapper.reduction, size)
+    reduced = [(_rows(data, r, size), scale) for data in batches for r in range(size)]
     found["expected"] = _flat(_plain_grads(reference, reduced))
-    last = [(_rows(batches[-1], r, size, batches[-1]), scale) for r in range(size)]
+    last = [(_rows(batches[-1], r, size), scale) for r in range(size)]
     found["last_only"] = _flat(_plain_grads(reference, last))
-    own_earlier = [(_rows(data, rank, size, data), 1.0) for data in batches[:-1]]
+    own_earlier = [(_rows(data, rank, size), 1.0) for data in batches[:-1]]
     found["unreduced_accumulation"] = _flat(_plain_grads(reference, own_earlier + last))
-    own_last = [(_rows(batches[-1], rank, size, batches[-1]), 1.0)]
+    own_last = [(_rows(batches[-1], rank, size), 1.0)]
     found["local_accumulation"] = _flat(_plain_grads(reference, own_earlier + own_last))
     return found
 
@@ -297,7 +306,7 @@ def first_call(impl: Implementation) -> dict[str, Any]:
         returned=wrapped.returned,
         missing=missing,
         dtype=str(dtype_of(wrapped.model)),
-        accumulates="" if context is None else getattr(context, "__name__", "set_requires_gradient_sync"),
+        accumulates="" if context is None else _context_name(context),
     )
     if not missing:
         try:
