@@ -22,7 +22,7 @@ from nemo_dist.conformance.report import format_progress, format_report, write_j
 from nemo_dist.conformance.runner import run_checks
 from nemo_dist.conformance.target import Implementation, OptionError, resolve_implementation, validate_implementation
 from nemo_dist.conformance.verdicts import Report, Verdict
-from nemo_dist.conformance.wrapping import parse_wrapper
+from nemo_dist.conformance.wrapping import wrapper_from_options
 from nemo_dist.testing import gpus, options
 
 __all__ = ["fitting_world_sizes", "main"]
@@ -99,17 +99,7 @@ def _options(
     if args.backend == "nccl":
         sizes, notes = _nccl_sizes(sizes)
     try:
-        wrapper = parse_wrapper(
-            ddp_fn=args.ddp_fn,
-            ddp_method=args.ddp_method,
-            ddp_kwargs=args.ddp_kwarg,
-            ddp_output=args.ddp_output,
-            ddp_reduction=args.ddp_reduction,
-            ddp_buffers=args.ddp_buffers,
-            ddp_after_backward=args.ddp_after_backward,
-            ddp_grad_attr=args.ddp_grad_attr,
-            ddp_zero_grad=args.ddp_zero_grad,
-        )
+        wrapper = wrapper_from_options(lambda field: getattr(args, field))
         impl, components = resolve_implementation(
             gather=args.gather,
             ddp=args.ddp,

@@ -147,20 +147,10 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     Raises ``pytest.UsageError`` saying how to fix a bad option.
     """
     from nemo_dist.conformance.target import OptionError, resolve_implementation, validate_implementation
-    from nemo_dist.conformance.wrapping import parse_wrapper
+    from nemo_dist.conformance.wrapping import wrapper_from_options
 
     try:
-        wrapper = parse_wrapper(
-            ddp_fn=config.getoption("--conformance-ddp-fn"),
-            ddp_method=config.getoption("--conformance-ddp-method"),
-            ddp_kwargs=config.getoption("--conformance-ddp-kwarg"),
-            ddp_output=config.getoption("--conformance-ddp-output"),
-            ddp_reduction=config.getoption("--conformance-ddp-reduction"),
-            ddp_buffers=config.getoption("--conformance-ddp-buffers"),
-            ddp_after_backward=config.getoption("--conformance-ddp-after-backward"),
-            ddp_grad_attr=config.getoption("--conformance-ddp-grad-attr"),
-            ddp_zero_grad=config.getoption("--conformance-ddp-zero-grad"),
-        )
+        wrapper = wrapper_from_options(lambda field: config.getoption(option_name(field)))
         impl, checked = resolve_implementation(
             gather=config.getoption("--conformance-gather"),
             ddp=config.getoption("--conformance-ddp"),

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +47,14 @@ __all__ = [
     "DDP_FIELD_KEYWORDS",
     "MODEL_PARAMETERS",
     "REDUCTIONS",
+    "WRAPPER_OPTION_FIELDS",
     "DDPWrapper",
     "accepts",
     "call_arguments",
     "parse_wrapper",
     "receivers",
     "validate_wrapper",
+    "wrapper_from_options",
 ]
 
 #: The DDPConfig fields DistributedDataParallel takes: a wrapper gets them by name or through ``**kwargs``.
@@ -67,6 +69,19 @@ DDP_FIELD_KEYWORDS: tuple[str, ...] = (
 REDUCTIONS: tuple[str, ...] = ("mean", "sum")
 #: Values of ``--ddp-buffers``: what the wrapper does with module buffers.
 BUFFERS: tuple[str, ...] = ("synced", "local")
+
+#: The option fields (``{opt:FIELD}``) of a ``--ddp-fn`` wrapper, as every front end declares them.
+WRAPPER_OPTION_FIELDS: tuple[str, ...] = (
+    "ddp_fn",
+    "ddp_method",
+    "ddp_kwarg",
+    "ddp_output",
+    "ddp_reduction",
+    "ddp_buffers",
+    "ddp_after_backward",
+    "ddp_grad_attr",
+    "ddp_zero_grad",
+)
 
 _P = inspect.Parameter
 _EXAMPLE = "torch.nn.parallel:DistributedDataParallel"
@@ -190,6 +205,15 @@ def parse_wrapper(
         grad_attr=_method_name("ddp_grad_attr", ddp_grad_attr, "main_grad"),
         zero_grad=_method_name("ddp_zero_grad", ddp_zero_grad, "zero_grad_buffer"),
     )
+
+
+def wrapper_from_options(value: Callable[[str], Any]) -> DDPWrapper | None:
+    """:func:`parse_wrapper` of a front end's options: ``value(field)`` reads each of :data:`WRAPPER_OPTION_FIELDS`.
+
+    ``value`` returns None (an empty list for the repeatable ``ddp_kwarg``) for an option not given.
+    """
+    values = {field: value(field) for field in WRAPPER_OPTION_FIELDS}
+    return parse_wrapper(**{"ddp_kwargs" if field == "ddp_kwarg" else field: v for field, v in values.items()})
 
 
 def _parameters(fn: Any, drop_first: bool = False) -> tuple[inspect.Parameter, ...] | None:
