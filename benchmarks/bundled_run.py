@@ -1,8 +1,10 @@
 """Cost of the README's main job (the bundled conformance run) against an earlier commit, side by side.
 
 Run ``python benchmarks/bundled_run.py --baseline REV [--runs N] [-- ARGS...]`` from a
-clone. It checks ``REV`` out into a temporary git worktree and runs
-``python -m nemo_dist.conformance -q ARGS`` from that tree and from this one
+clone. It checks ``REV`` out into a temporary git worktree and runs each
+tree's ``nemo-dist-conformance`` console script (the function its
+``pyproject.toml`` names, as the README's main command runs it) with
+``-q ARGS`` from that tree and from this one
 alternately, ``--runs`` times each (default 3), with the same interpreter and
 environment, so machine load falls on both alike. It prints each run's wall
 seconds and exit status, the medians and the ratio this/baseline. A change
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -23,12 +26,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def console_script(tree: Path) -> tuple[str, str]:
+    """(module, function) of ``tree``'s ``nemo-dist-conformance`` console script, as its pyproject.toml names it."""
+    found = re.search(r'^nemo-dist-conformance = "([\w.]+):(\w+)"', (tree / "pyproject.toml").read_text(), re.M)
+    if found is None:
+        raise SystemExit(f"{tree}/pyproject.toml names no nemo-dist-conformance script")
+    return found.group(1), found.group(2)
+
+
 def timed_run(tree: Path, args: list[str]) -> tuple[float, int]:
-    """Wall seconds and exit status of the conformance command run from ``tree`` (its package first on the path)."""
+    """Wall seconds and exit status of ``tree``'s console script (its package first on the path), as installed."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    module, function = console_script(tree)
+    script = f"import sys; from {module} import {function}; sys.exit({function}())"
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "nemo_dist.conformance", "-q", *args],
+        [sys.executable, "-c", script, "-q", *args],
         cwd=tree, env=env, capture_output=True, text=True, check=False,
     )
     return time.perf_counter() - start, done.returncode

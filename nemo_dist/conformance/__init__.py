@@ -10,11 +10,13 @@ or one all-gather callable (``gather_fn="module:name"``). The core tier is
 upstream's contract (nemo-automodel 0.7.0); the extended tier is what
 nemo_dist promises beyond it.
 
-The package is laid out in three layers (``docs/ARCHITECTURE.md``):
+The package is laid out in layers, and imports go downwards only
+(``docs/ARCHITECTURE.md``; ``tests/test_import_layers.py`` enforces it):
 
-- the engine: :mod:`.target` (what is checked; :mod:`.callables`, how a
-  gather callable is called), :mod:`.registry` (the one
-  list of checks and its expansion into runs), :mod:`.verdicts`,
+- the engine: :mod:`.implementation` (what is checked), :mod:`.callables`
+  and :mod:`.wrapping` (how a gather callable and a ``--ddp-fn`` wrapper are
+  called), :mod:`.target` (options resolved and validated), :mod:`.registry`
+  (the one list of checks and its expansion into runs), :mod:`.verdicts`,
   :mod:`.runner`, :mod:`.deadlines`, :mod:`.report`, :mod:`.inworld`
   (torchrun mode); it imports no suite;
 - one suite per component, registered with the engine when imported:
@@ -29,6 +31,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 
+from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.profile import hypothesis_settings
 from nemo_dist.conformance.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
 from nemo_dist.conformance.report import format_report, write_junit_xml
@@ -37,11 +41,6 @@ from nemo_dist.conformance.target import (
     COMPONENTS,
     PRESETS,
     REFERENCE,
-    Implementation,
-    MissingParameter,
-    NotApplicable,
-    NotSupported,
-    OptionError,
     checked_components,
     resolve_implementation,
     validate_implementation,

@@ -4,68 +4,40 @@ Options give the values a call needs besides ``x``: ``--gather-kwarg
 NAME=VALUE`` on every call, ``--gather-init NAME=VALUE`` to build a class
 once per rank before calling the object (st-moe's ``AllGather(dim=0)``), and
 ``--gather-output INDEX``. A VALUE is a Python literal, or one of the
-:data:`SYMBOLS` (``@out_buffers``, ``@row_sizes`` ...), which the rank fills
-for each call, since a fixed literal cannot follow the call's input and
-group. :func:`check_call` reads the callable's signature (and its
-constructor's) and turns a call that cannot work into an ``OptionError``.
-Errors name options by field (``{opt:gather_kwarg}``), as
-:class:`~nemo_dist.conformance.target.OptionError` words them per front end.
+:data:`~nemo_dist.conformance.symbols.SYMBOLS` (``@out_buffers``,
+``@row_sizes`` ...), which the rank fills for each call, since a fixed
+literal cannot follow the call's input and group (:mod:`.symbols`).
+:func:`check_call` reads the callable's signature (and its constructor's)
+and turns a call that cannot work into an ``OptionError``. Errors name
+options by field (``{opt:gather_kwarg}``), as
+:class:`~nemo_dist.conformance.errors.OptionError` words them per front end.
+It imports only modules below it: :mod:`.signature`, :mod:`.symbols`,
+:mod:`.errors` and :mod:`.implementation`.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nemo_dist.conformance import signature
-from nemo_dist.conformance.target import GROUP_PARAMETERS, Implementation, MissingParameter, OptionError
+from nemo_dist.conformance.errors import MissingParameter, OptionError
+from nemo_dist.conformance.implementation import GROUP_PARAMETERS, Implementation
+from nemo_dist.conformance.symbols import INIT_SYMBOLS, SYMBOLS, value_of
 
 __all__ = [
-    "INIT_SYMBOLS",
-    "SYMBOLS",
-    "Symbol",
     "check_call",
-    "mentions_cuda",
     "missing_parameter_error",
     "parse_gather_init",
     "parse_gather_kwargs",
     "parse_gather_output",
     "parse_keyword_pairs",
     "parse_output_index",
-    "value_of",
 ]
 
-#: The values a rank fills for each call, by name (``--gather-kwarg NAME=@SYMBOL``), and what each holds.
-SYMBOLS: dict[str, str] = {
-    "group": "the call's process group: the subgroup a group check passes, else the whole world's (dist.group.WORLD)",
-    "rank": "this rank's rank in the call's group",
-    "world_size": "the number of ranks the call gathers from (its group's size)",
-    "row_sizes": "the list of every rank's row count (dim 0 of x) in rank order, learned by a small all-gather",
-    "out_buffers": "a list of one empty contiguous tensor like x (shape, dtype, device) per rank of the call's group",
-}
-#: The symbols a constructor can take (``--gather-init``): it runs once per rank, in the whole world, on no x.
-INIT_SYMBOLS: tuple[str, ...] = ("group", "rank", "world_size")
-
 _P = inspect.Parameter
-
-
-@dataclass(frozen=True)
-class Symbol:
-    """A value the rank fills for each call (``@name``, one of :data:`SYMBOLS`)."""
-
-    name: str
-
-    def __repr__(self) -> str:
-        return f"@{self.name}"
-
-
-def value_of(text: str) -> Any:
-    """The value an option's stored text stands for: a :class:`Symbol` for ``@name``, else the literal."""
-    return Symbol(text[1:]) if text.startswith("@") else ast.literal_eval(text)
 
 
 def parse_keyword_pairs(items: Sequence[str], field: str, symbols: Sequence[str], example: str) -> dict[str, str]:
@@ -255,11 +227,3 @@ def missing_parameter_error(
         f"{remedy} {flags} (VALUE a Python literal{', ' + example if example else ''})",
         missing[0],
     )
-
-
-_CUDA = re.compile(r"cuda", re.IGNORECASE)
-
-
-def mentions_cuda(text: str) -> bool:
-    """Whether an error's text (its message, or the source line that raised it) speaks of CUDA."""
-    return bool(_CUDA.search(text))

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.testing import RankFailure, WorldTimeout
 
 __all__ = [

@@ -18,17 +18,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.profile import hypothesis_settings
 from nemo_dist.conformance.registry import Check
 from nemo_dist.conformance.runner import run_checks_in, run_worldless
-from nemo_dist.conformance.target import COMPONENTS, Implementation
+from nemo_dist.conformance.target import COMPONENTS
 from nemo_dist.conformance.verdicts import Report, Verdict
 from nemo_dist.testing import RankFailure
+from nemo_dist.testing.launcher import in_env_world
 
 __all__ = ["InWorld", "LockstepError", "in_torchrun", "init_from_env", "run_in_world"]
-
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
-
 
 class LockstepError(RuntimeError):
     """The ranks stopped running the same thing at the same time (the suite, not the fork, is broken)."""
@@ -36,8 +35,7 @@ class LockstepError(RuntimeError):
 
 def in_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the environment describes an env:// world (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``)."""
-    env = os.environ if environ is None else environ
-    return all(env.get(name) for name in _TORCHRUN_VARS)
+    return in_env_world(environ)
 
 
 def init_from_env(backend: str, timeout_s: float) -> None:

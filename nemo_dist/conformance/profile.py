@@ -15,6 +15,7 @@ import itertools
 import os
 import random
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,10 @@ __all__ = [
 def new_seed() -> int:
     """A fresh random seed for a run (printed with its failures, so any of them can be re-run alone)."""
     return random.SystemRandom().randrange(2**32)
+
+
+#: Held while a test draws its Random under a forced seed.
+_FORCING = threading.Lock()
 
 
 @contextmanager
@@ -62,11 +67,12 @@ def seeded(seed: int | None) -> Iterator[None]:
         # the example database off. So the seed is forced only while a test draws
         # its Random (hypothesis's precedence kept: a test's @seed, derandomize, then it).
         def seeded_random(test: Any, wrapped_test: Any) -> Any:
-            core.global_force_seed = seed  # type: ignore[assignment]
-            try:
-                return draw(test, wrapped_test)
-            finally:
-                core.global_force_seed = None
+            with _FORCING:  # checks in several threads (lanes) draw one at a time
+                core.global_force_seed = seed  # type: ignore[assignment]
+                try:
+                    return draw(test, wrapped_test)
+                finally:
+                    core.global_force_seed = None
 
         seeded_random.__wrapped__ = draw  # type: ignore[attr-defined]
         core.global_force_seed = None

@@ -5,23 +5,12 @@ test per world size of ``--dist-world-sizes`` (default 1,2,3,4), run in the
 nemo_dist plugin's session worlds; a check that needs no process group is one
 test, and a ddp check one test per entry point the module defines (the
 registry's :func:`~nemo_dist.conformance.registry.cases`, as the command runs
-them). Options: ``--conformance-gather/-ddp/-config MODULE`` (naming any
-checks only those components; naming none checks the bundled ones),
-``--conformance-gather-fn MODULE:NAME`` (one all-gather callable, with
-``--conformance-no-grad-fn``, ``--conformance-gather-form``, and how to call
-it: ``--conformance-gather-kwarg NAME=VALUE``, repeatable, and
-``--conformance-gather-output INDEX``; a class built before it is called:
-``--conformance-gather-init NAME=VALUE``, repeatable),
-``--conformance-ddp-fn MODULE:NAME`` (any data-parallel wrapper, with
-``--conformance-ddp-method``, ``-ddp-kwarg``, ``-ddp-output``,
-``-ddp-reduction``, ``-ddp-buffers``, ``-ddp-after-backward``,
-``-ddp-grad-attr``, ``-ddp-zero-grad``, as the command's ``--ddp-*``),
-``--conformance-preset``, ``--conformance-tier`` (core, extended, all),
-``--conformance-max-examples``, ``--conformance-backend`` (gloo, nccl) and
-``--conformance-min-deadline`` and
-``--conformance-hypothesis-db DIR|none`` (where hypothesis keeps its example
-database and caches; default in the user's cache directory, never the current
-directory).
+them). Its options are the command's, spelled ``--conformance-*``
+(``--conformance-gather-fn MODULE:NAME`` for ``--gather-fn``), declared by
+the one table both front ends read,
+:data:`nemo_dist.conformance.options.OPTIONS`; where the command has an
+option of a run (``--world-sizes``, ``--seed``, ``-k`` ...), pytest or the
+nemo_dist plugin has its own (the table's ``pytest_equivalent``).
 
 A check the implementation does not support, or that does not apply to what
 it did, is skipped with the reason; a failure shows hypothesis's shrunk
@@ -40,11 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# Modules, not names: a module-level name beginning pytest_ would be taken for a hook of this plugin.
+from nemo_dist.conformance import option_spec, options
+
 if TYPE_CHECKING:
     from pathlib import Path
 
     from nemo_dist.conformance.deadlines import Deadlines
-    from nemo_dist.conformance.target import Implementation
+    from nemo_dist.conformance.implementation import Implementation
     from nemo_dist.testing.plugin import WorldFactory
 
 __all__ = ["check_holds", "hypothesis_db", "implementation", "min_deadline", "option_name", "reproduce_line"]
@@ -52,91 +44,14 @@ __all__ = ["check_holds", "hypothesis_db", "implementation", "min_deadline", "op
 
 def option_name(field: str) -> str:
     """This front end's option for an implementation field: ``gather_fn`` -> ``--conformance-gather-fn``."""
-    return "--conformance-" + field.replace("_", "-")
+    return option_spec.pytest_name(field)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add the ``--conformance-*`` options."""
+    """Add the ``--conformance-*`` options: those of :data:`~nemo_dist.conformance.options.OPTIONS` pytest declares."""
     group = parser.getgroup("conformance", "nemo_dist conformance of an implementation")
-    for component, names in (
-        ("gather", "all_gather_with_grad and all_gather_no_grad"),
-        ("ddp", "DDPManager"),
-        ("config", "DDPConfig"),
-    ):
-        group.addoption(f"--conformance-{component}", metavar="MODULE", help=f"module with {names}")
-    group.addoption(
-        "--conformance-gather-fn",
-        metavar="MODULE:NAME",
-        help="one all-gather callable (function or autograd Function) instead of a gather module",
-    )
-    group.addoption(
-        "--conformance-no-grad-fn", metavar="MODULE:NAME", help="the no-grad counterpart of --conformance-gather-fn"
-    )
-    group.addoption(
-        "--conformance-gather-form", default="auto", help="output form of the callable: auto, cat, tuple, stacked"
-    )
-    group.addoption(
-        "--conformance-gather-kwarg",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a keyword passed on every call of the callable, VALUE a Python literal (dim=0); repeatable",
-    )
-    group.addoption(
-        "--conformance-gather-init",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a constructor keyword of a callable that is a class (built once per rank, then called), such as dim=0",
-    )
-    group.addoption(
-        "--conformance-gather-output",
-        metavar="INDEX",
-        help="the index of the gathered value in the callable's tuple or list return (0 for (gathered, sizes))",
-    )
-    group.addoption(
-        "--conformance-ddp-fn",
-        metavar="MODULE:NAME",
-        help="any data-parallel wrapper instead of a ddp module, checked by behaviour (function or class)",
-    )
-    group.addoption("--conformance-ddp-method", metavar="NAME", help="a method of the wrapper class taking the model")
-    group.addoption(
-        "--conformance-ddp-kwarg",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a keyword passed on every call of the wrapper, VALUE a Python literal; repeatable",
-    )
-    group.addoption("--conformance-ddp-output", metavar="INDEX", help="the index of the model in a tuple return")
-    group.addoption("--conformance-ddp-reduction", metavar="mean|sum", help="the wrapper's reduction (default mean)")
-    group.addoption("--conformance-ddp-buffers", metavar="synced|local", help="what the wrapper does with buffers")
-    group.addoption("--conformance-ddp-after-backward", metavar="METHOD", help="called after each syncing backward")
-    group.addoption("--conformance-ddp-grad-attr", metavar="NAME", help="the attribute holding the reduced gradient")
-    group.addoption("--conformance-ddp-zero-grad", metavar="METHOD", help="clears the gradients each step")
-    group.addoption("--conformance-preset", metavar="NAME", help="named module layout (nemo_dist, nemo_automodel)")
-    group.addoption("--conformance-tier", default="all", help="core, extended or all (default all)")
-    group.addoption(
-        "--conformance-max-examples",
-        type=int,
-        default=None,
-        metavar="N",
-        help="hypothesis examples per check (default: the active hypothesis profile's)",
-    )
-    group.addoption("--conformance-backend", default="gloo", help="gloo or nccl (default gloo)")
-    group.addoption(
-        "--conformance-min-deadline",
-        metavar="SECONDS",
-        default=None,
-        help="the least per-step deadline (default 10; at most --dist-timeout); a step past it whose ranks are "
-        "still working gets time up to --dist-timeout",
-    )
-    group.addoption(
-        "--conformance-hypothesis-db",
-        metavar="DIR|none",
-        default=None,
-        help="where hypothesis keeps its example database and caches: DIR, or none for no database (caches in "
-        "a temporary directory); default $XDG_CACHE_HOME/nemo_dist/hypothesis (else ~/.cache/nemo_dist/hypothesis)",
-    )
+    for names, keywords in options.declarations(options.PYTEST):
+        group.addoption(*names, **keywords)
 
 
 def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ...]]:
@@ -250,47 +165,16 @@ def conformance_deadlines(pytestconfig: pytest.Config) -> Deadlines:
 
 
 def reproduce_line(config: pytest.Config, nodeid: str, world_size: int, seed: int) -> str:
-    """The pytest command that re-runs test ``nodeid`` alone: its conformance options, world size and seed."""
+    """The pytest command that re-runs test ``nodeid`` alone: its conformance options, world size and seed.
+
+    The options are those the table marks ``reproduce``, in table order, where they differ from their defaults.
+    """
     parts = ["pytest", shlex.quote(nodeid)]
-    for option in _REPEATED:
-        value = config.getoption(option)
-        if value is None or value == _DEFAULTS.get(option):
-            continue
-        for item in value if isinstance(value, list) else [value]:  # a repeatable option, once per value
-            parts += [option, shlex.quote(str(item))]
+    for entry in options.repeated(options.PYTEST):
+        parts += entry.reproduce_words(options.PYTEST, config.getoption(option_name(entry.dest)))
     if world_size:
-        parts += ["--dist-world-sizes", str(world_size)]
-    return " ".join([*parts, f"--hypothesis-seed={seed}"])
-
-
-#: The options a Reproduce line repeats (when they differ from their defaults).
-_REPEATED = (
-    "--conformance-gather",
-    "--conformance-gather-fn",
-    "--conformance-no-grad-fn",
-    "--conformance-gather-form",
-    "--conformance-gather-kwarg",
-    "--conformance-gather-output",
-    "--conformance-gather-init",
-    "--conformance-ddp",
-    "--conformance-ddp-fn",
-    "--conformance-ddp-method",
-    "--conformance-ddp-kwarg",
-    "--conformance-ddp-output",
-    "--conformance-ddp-reduction",
-    "--conformance-ddp-buffers",
-    "--conformance-ddp-after-backward",
-    "--conformance-ddp-grad-attr",
-    "--conformance-ddp-zero-grad",
-    "--conformance-config",
-    "--conformance-preset",
-    "--conformance-tier",
-    "--conformance-max-examples",
-    "--conformance-backend",
-    "--conformance-min-deadline",
-    "--conformance-hypothesis-db",
-)
-_DEFAULTS = {"--conformance-gather-form": "auto", "--conformance-tier": "all", "--conformance-backend": "gloo"}
+        parts += [options.spelling("world_sizes", options.PYTEST), str(world_size)]
+    return " ".join([*parts, f"{options.spelling('seed', options.PYTEST)}={seed}"])
 
 
 def check_holds(
@@ -305,9 +189,9 @@ def check_holds(
     from hypothesis import core
 
     from nemo_dist.conformance.deadlines import DeadlineWorld, StepAborted, StepHung
+    from nemo_dist.conformance.errors import NotApplicable
     from nemo_dist.conformance.explain import add_note, likely_cause
     from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
-    from nemo_dist.conformance.target import NotApplicable
     from nemo_dist.conformance.verdicts import classify, is_not_supported
 
     world: Any = None
@@ -361,13 +245,19 @@ def _missing_parameter_cause(impl: Implementation | None, exc: BaseException) ->
 
 
 def _cuda_cause(impl: Implementation | None, exc: BaseException) -> str:
-    """For a callable whose ranks failed speaking of CUDA in a gloo (CPU) run: the option that runs it on GPUs."""
-    from nemo_dist.conformance.callables import mentions_cuda
+    """For a callable whose failure says it needs a GPU (in a gloo, CPU, run): the evidence and the option to use.
+
+    The evidence is :func:`~nemo_dist.conformance.needs_gpu.gpu_need`'s (the
+    ranks' errors read as text: a raising or ``assert`` line, an error line,
+    a torch.cuda frame); "" without a gather callable or without evidence.
+    """
+    from nemo_dist.conformance.needs_gpu import gpu_need
 
     if impl is None or impl.gather_fn is None:
         return ""
-    # The raising line (assert x.is_cuda) or the error's own line, not any line of a traceback.
-    lines = [line.strip() for line in str(exc).splitlines()]
-    if not any(mentions_cuda(line) and (line.startswith("assert ") or "Error: " in line) for line in lines):
+    evidence = gpu_need(exc)
+    if not evidence:
         return ""
-    return f"{impl.gather_fn} needs CUDA (its error speaks of it); run it on GPUs with --conformance-backend nccl"
+    return (
+        f"{impl.gather_fn} needs CUDA (its error says so: {evidence}); run it on GPUs with --conformance-backend nccl"
+    )

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from nemo_dist.conformance.target import DDP_APIS, WRAPPER, Implementation, checked_components
+from nemo_dist.conformance.implementation import DDP_APIS, Implementation
+from nemo_dist.conformance.target import WRAPPER, checked_components
 
 __all__ = [
     "CHECKS",
@@ -79,6 +80,8 @@ class Check:
     needs_world: bool = True
     #: For ddp checks: the entry points it exercises (each one the module defines gets a run).
     ddp_apis: tuple[str, ...] = DDP_APIS
+    #: Modules the check's rank side imports (``transformers``' modeling modules): imported once for every rank.
+    preload: tuple[str, ...] = ()
 
     @property
     def description(self) -> str:
@@ -122,16 +125,19 @@ def check(
     max_world: int | None = None,
     needs_world: bool = True,
     ddp_apis: tuple[str, ...] = DDP_APIS,
+    preload: tuple[str, ...] = (),
 ) -> Callable[[Callable[[Any, Implementation], None]], Check]:
     """Register the decorated function as the check ``name``; returns the ``Check``.
 
-    Names are unique (a second registration raises ``ValueError``).
+    Names are unique (a second registration raises ``ValueError``). ``preload``
+    names modules the check's rank side imports, which a World whose ranks are
+    forked imports once for all of them (see ``nemo_dist.testing.World``).
     """
 
     def register(fn: Callable[[Any, Implementation], None]) -> Check:
         if name in CHECKS:
             raise ValueError(f"conformance check {name!r} is registered twice")
-        CHECKS[name] = Check(name, tier, component, fn, min_world, max_world, needs_world, ddp_apis)
+        CHECKS[name] = Check(name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload)
         return CHECKS[name]
 
     return register

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -26,10 +27,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from nemo_dist.conformance import lanes, thread_warnings
 from nemo_dist.conformance.deadlines import FLOOR_S, Deadlines, DeadlineWorld, StepAborted, warm_up
+from nemo_dist.conformance.errors import OptionError
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
 from nemo_dist.conformance.registry import SUITES, Case, Check, WorldLike, cases
-from nemo_dist.conformance.target import Implementation, OptionError, checked_components, import_components
+from nemo_dist.conformance.target import checked_components, import_components
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict, classify
 
 __all__ = ["run_case", "run_check", "run_checks", "run_checks_in", "run_worldless"]
@@ -94,8 +98,7 @@ def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, na
             limit = f"of {check.min_world}{upper} ranks"
         return verdict("not applicable", f"runs in worlds {limit}")
     try:
-        with warnings.catch_warnings(record=True) as recorded, _quiet_hypothesis():
-            warnings.simplefilter("always")
+        with thread_warnings.recording() as recorded, _quiet_hypothesis():
             try:
                 check(world, impl)
             finally:
@@ -159,6 +162,12 @@ def _world_setup(checks: Sequence[Check]) -> Callable[[], None] | None:
     return setups[0] if len(setups) == 1 else functools.partial(_run_each, tuple(setups))
 
 
+def _preload(checks: Sequence[Check]) -> tuple[str, ...]:
+    """The modules the ranks of the world checks import: each check's module (its rank side) and its ``preload``."""
+    world = [c for c in checks if c.needs_world]
+    return tuple(dict.fromkeys([*(c.fn.__module__ for c in world), *(m for c in world for m in c.preload)]))
+
+
 def _run_each(setups: tuple[Callable[[], None], ...]) -> None:
     for setup in setups:
         setup()
@@ -215,21 +224,18 @@ def run_checks(
             setup = _world_setup(checks)
             # A cold start on a loaded machine (bytecode compiled afresh by every rank) can take minutes.
             startup = max(_STARTUP_S, 3 * timeout)
+            preload = _preload(checks)
             made = [
-                owned.enter_context(World(size, backend, timeout, setup=setup, startup_timeout=startup))
+                owned.enter_context(
+                    World(size, backend, timeout, setup=setup, startup_timeout=startup, preload=preload)
+                )
                 for size in world_sizes
             ]
-        for index, size in enumerate(world_sizes):
-            if worlds is not None:
+        if worlds is not None:
+            for size in world_sizes:
                 run_checks_in(checks, worlds(size), impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
-                continue
-            upcoming = [w for w in made[index + 1 :] if any(c.applies_to(w.size) for c in checks)]
-            if upcoming:
-                # The next world's ranks import torch and join while this world's checks run.
-                with contextlib.suppress(Exception):  # a failed start is reported by that world's first check
-                    upcoming[0].start(wait=False)
-            run_checks_in(checks, made[index], impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
-            made[index].close()
+        else:
+            _run_worlds(made, checks, impl, verdicts, on_verdict, deadlines, notes, _lane_count(backend, made))
     return Report(
         tuple(verdicts),
         impl,
@@ -243,6 +249,59 @@ def run_checks(
     )
 
 
+def _lane_count(backend: str, worlds: Sequence[Any]) -> int:
+    """Lanes for ``worlds``: side by side on gloo where two cores or more can take them, else one."""
+    if backend != "gloo" or len(worlds) < 2 or (os.cpu_count() or 1) < 2:
+        return 1
+    return lanes.MAX_LANES
+
+
+def _run_worlds(
+    made: list[Any],
+    checks: Sequence[Check],
+    impl: Implementation,
+    verdicts: list[Verdict],
+    on_verdict: Callable[[Verdict], None] | None,
+    deadlines: Deadlines,
+    notes: list[str],
+    lane_count: int,
+) -> None:
+    """Run the checks in each World of ``made``, ``lane_count`` lanes side by side; verdicts in world order.
+
+    In each lane, the next world's ranks start (join, warm up) in the background
+    while this world's checks run; the first world of every lane starts before
+    any lane does (from this thread: see :mod:`~nemo_dist.conformance.lanes`).
+    """
+    dealt = lanes.deal([w.size for w in made], lane_count)
+    applicable = [any(c.applies_to(w.size) for c in checks) for w in made]
+    per_world: list[list[Verdict]] = [[] for _ in made]
+    per_world_notes: list[list[str]] = [[] for _ in made]
+    following = {lane[n]: lane[n + 1] for lane in dealt for n in range(len(lane) - 1)}
+
+    def start_in_background(index: int) -> None:
+        if applicable[index]:
+            with contextlib.suppress(Exception):  # a failed start is reported by that world's first check
+                made[index].start(wait=False)
+
+    def run_world(index: int, emit: Callable[[Verdict], None] | None) -> None:
+        if index in following:
+            start_in_background(following[index])
+        found, found_notes = per_world[index], per_world_notes[index]
+        run_checks_in(checks, made[index], impl, found, emit, deadlines=deadlines, notes=found_notes)
+        made[index].close()
+
+    if len(dealt) == 1:
+        for index in dealt[0]:
+            run_world(index, on_verdict)
+    else:
+        for lane in dealt:
+            start_in_background(lane[0])
+        lanes.run_lanes(dealt, run_world, on_verdict, len(made))
+    for found, found_notes in zip(per_world, per_world_notes, strict=True):
+        verdicts.extend(found)
+        notes.extend(found_notes)
+
+
 def _prepared(world: Any, checks: Sequence[Check], impl: Implementation, notes: list[str]) -> Implementation:
     """Import ``impl`` on every rank of ``world``, then run each selected suite's ``prepare`` step.
 
@@ -251,8 +310,7 @@ def _prepared(world: Any, checks: Sequence[Check], impl: Implementation, notes: 
     parameter no option fills, say) propagates: it is a usage error.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the checks record what the implementation warns
+        with thread_warnings.ignoring():  # the checks record what the implementation warns
             warm_up(world, import_components, impl)
             for component in dict.fromkeys(c.component for c in checks):
                 suite = SUITES.get(component)

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nemo_dist.conformance.deadlines import StepAborted, StepBroke, StepHung
+from nemo_dist.conformance.errors import NotApplicable, NotSupported
 from nemo_dist.conformance.explain import Finding, crashed_ranks, find, grouped, rank_failure
-from nemo_dist.conformance.target import COMPONENTS, Implementation, NotApplicable, NotSupported
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.target import COMPONENTS
 
 __all__ = [
     "Classified",

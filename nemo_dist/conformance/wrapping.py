@@ -1,7 +1,8 @@
 """The ``--ddp-fn`` wrapper: which callable wraps a model for data parallelism, how it is called, how a step runs.
 
-A :class:`DDPWrapper` names one callable found anywhere (``MODULE:NAME``)
-and how the checks use it:
+A :class:`~nemo_dist.conformance.implementation.DDPWrapper` (plain data,
+defined with the ``Implementation`` that carries it; re-exported here)
+names one callable found anywhere (``MODULE:NAME``) and how the checks use it:
 
 - a function taking the model, or a class constructed with the model:
   ``fn(model, **kwargs)``; the model goes to the parameter named ``model``
@@ -25,22 +26,22 @@ clearing the gradients each step, ``zero_grad_buffer``). ``reduction``
 are what the user declares the wrapper does.
 
 :func:`parse_wrapper` and :func:`validate_wrapper` run before any world
-starts; their errors are :class:`~nemo_dist.conformance.target.OptionError`
+starts; their errors are :class:`~nemo_dist.conformance.errors.OptionError`
 naming option fields (``{opt:ddp_fn}``), worded by each front end. The rank
 side that calls the wrapper is :mod:`nemo_dist.conformance.ddp.wrapped`.
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nemo_dist.conformance import signature
 from nemo_dist.conformance.callables import missing_parameter_error, parse_keyword_pairs, parse_output_index
-from nemo_dist.conformance.target import OptionError, resolve_callable
+from nemo_dist.conformance.errors import OptionError
+from nemo_dist.conformance.implementation import DDPWrapper
+from nemo_dist.conformance.importing import resolve_callable
 
 __all__ = [
     "BUFFERS",
@@ -85,46 +86,6 @@ WRAPPER_OPTION_FIELDS: tuple[str, ...] = (
 
 _P = inspect.Parameter
 _EXAMPLE = "torch.nn.parallel:DistributedDataParallel"
-
-
-@dataclass(frozen=True)
-class DDPWrapper:
-    """A ``--ddp-fn`` callable and how the checks call it and step through it (see the module docstring).
-
-    ``kwargs`` are ``(name, Python literal)`` pairs kept as text (the object
-    stays hashable and pickles as its strings; :meth:`call_kwargs` evaluates them).
-    """
-
-    fn: str
-    method: str | None = None
-    kwargs: tuple[tuple[str, str], ...] = ()
-    output: int | None = None
-    reduction: str = "mean"
-    buffers: str | None = None
-    after_backward: str | None = None
-    grad_attr: str | None = None
-    zero_grad: str | None = None
-
-    def call_kwargs(self) -> dict[str, Any]:
-        """The ``kwargs`` with their values evaluated (``ast.literal_eval``)."""
-        return {name: ast.literal_eval(value) for name, value in self.kwargs}
-
-    @property
-    def step_protocol(self) -> bool:
-        """Whether a step needs more than backward and ``param.grad`` (an after-backward call, a gradient attribute)."""
-        return any(v is not None for v in (self.after_backward, self.grad_attr, self.zero_grad))
-
-    @property
-    def label(self) -> str:
-        """How reports name the wrapper: ``fn(model, k=v)``, ``fn(k=v).method(model)``, ``[i]`` for a picked output."""
-        keywords = ", ".join(f"{name}={value}" for name, value in self.kwargs)
-        if self.method is not None:
-            call = f"{self.fn}({keywords}).{self.method}(model)"
-        elif self.kwargs:
-            call = f"{self.fn}(model, {keywords})"
-        else:
-            call = self.fn
-        return call if self.output is None else f"{call}[{self.output}]"
 
 
 def _keyword_pairs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
-from nemo_dist.testing._protocol import CALL, Init, Raised, RankWarning, Ready, Returned
+from nemo_dist.testing._protocol import CALL, Init, Raised, RankWarning, Ready, Returned, dumps
 from nemo_dist.testing._stack_sampler import block_probe_signal, start_stack_sampler
 
 _PR_SET_PDEATHSIG = 1
@@ -79,10 +79,10 @@ def _answer(seq: int, rank: int, blob: bytes) -> bytes:
             fn, args, kwargs = pickle.loads(blob)
             value: Any = fn(*args, **kwargs)
     except BaseException as exc:
-        return pickle.dumps(_raised(seq, rank, exc), pickle.HIGHEST_PROTOCOL)
+        return dumps(_raised(seq, rank, exc))
     emitted = tuple(dict.fromkeys(_as_rank_warning(w) for w in caught))
     try:
-        return pickle.dumps(Returned(seq, rank, value, emitted), pickle.HIGHEST_PROTOCOL)
+        return dumps(Returned(seq, rank, value, emitted))
     except BaseException as exc:
         reply = _raised(seq, rank, exc)
         reply = Raised(
@@ -92,7 +92,7 @@ def _answer(seq: int, rank: int, blob: bytes) -> bytes:
             f"the return value could not be pickled: {reply.message}",
             reply.traceback,
         )
-        return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
+        return dumps(reply)
 
 
 def _device_id_kwargs(init_process_group: Callable[..., Any], device: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,10 @@ class World:
     ``setup`` (a module-level function, no arguments) runs once on every rank
     after it joined the group and before it reports ready, at every start:
     warm-up work (first imports, a first DDP) that a background
-    ``start(wait=False)`` then does while the caller goes on.
+    ``start(wait=False)`` then does while the caller goes on. ``preload``
+    names modules the ranks will import (``transformers``, say): where ranks
+    are forked from the fork server, it imports them once and every rank of
+    every World inherits them, instead of each rank importing them anew.
     Ranks start lazily on the first run and are replaced after a hang or a
     death, so every run gets healthy ranks. Use as a context manager or call
     :meth:`close` (an ``atexit`` hook closes forgotten Worlds).
@@ -74,6 +77,7 @@ class World:
         grace: float = 2.0,
         startup_timeout: float = 120.0,
         setup: Callable[[], Any] | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"World size must be an int >= 1, got {size!r}")
@@ -87,6 +91,9 @@ class World:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"World {label} must be a number of seconds > 0, got {value!r}")
         self._setup = None if setup is None else pickle_call(setup, (), {})
+        if isinstance(preload, str) or not all(isinstance(name, str) for name in preload):
+            raise ValueError(f"World preload must be a sequence of module names, got {preload!r}")
+        self._preload = tuple(preload)
         self._size = size
         self._backend = backend
         self._timeout = float(timeout)
@@ -268,7 +275,7 @@ class World:
 
     def _spawn(self, rank: int, port: int) -> processes.RankProcess:
         assert self._tmpdir is not None
-        handle = launcher.spawn_rank(rank, self._size, port, self._tmpdir)
+        handle = launcher.spawn_rank(rank, self._size, port, self._tmpdir, self._preload)
         handle.conn.send(
             _protocol.Init(
                 rank=rank,

@@ -5,8 +5,14 @@ nemo_dist.testing._zygote FD PARENT_PID``, where ``FD`` is its end of a
 private ``SOCK_SEQPACKET`` socket pair. It imports torch, ``torch.distributed``,
 DDP and the rank loop, answers ``("ready", pid)``, then serves requests:
 
-* parent to server: one message ``("spawn", env, stderr_path)`` carrying the
-  rank's socket as an ``SCM_RIGHTS`` file descriptor;
+* parent to server: one message ``("spawn", env, stderr_path, preload)``
+  carrying the rank's socket as an ``SCM_RIGHTS`` file descriptor; the server
+  first imports each module of ``preload`` it has not imported yet (a module
+  that fails to import is left to the rank, which then reports the error
+  itself), so that every later rank inherits it;
+* parent to server: ``("preload", modules)``, imported the same way, with
+  no answer (sent as soon as the server is launched, so its imports overlap
+  the parent's own);
 * server to parent: ``("pid", pid)`` for each request, in order, and
   ``("exit", pid, returncode)`` once it reaped a rank (``returncode`` as
   ``subprocess.Popen`` gives it: negative for a signal).
@@ -28,9 +34,10 @@ import selectors
 import signal
 import socket
 import sys
+from typing import Any
 
-#: What the server imports once, so that no rank imports it again.
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel")
+#: What the server imports once, so that no rank imports it again (DDP's constructor imports torch._dynamo).
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 #: Largest message either side sends (an environment is a few KiB).
 MAX_MESSAGE = 1 << 20
 
@@ -48,14 +55,15 @@ def _serve_rank(rank_fd: int, env: dict[str, str], stderr_path: str, server_pid:
     return _rank.main([str(rank_fd)], parent_pid=server_pid)
 
 
-def _fork_rank(control: socket.socket, wakeup: tuple[int, int], payload: bytes, fds: list[int]) -> int:
+def _fork_rank(control: socket.socket, wakeup: tuple[int, int], request: tuple[Any, ...], fds: list[int]) -> int:
     """Fork one rank for a request; return its pid (in this server).
 
     The child closes what is the server's (its socket, the wakeup pipe) and
     restores the signal handling the server changed before it becomes the rank.
     """
-    _, env, stderr_path = pickle.loads(payload)
+    _, env, stderr_path, preload = request
     (rank_fd,) = fds
+    _preload(preload)
     server_pid = os.getpid()
     pid = os.fork()
     if pid == 0:  # the rank
@@ -68,7 +76,7 @@ def _fork_rank(control: socket.socket, wakeup: tuple[int, int], payload: bytes, 
                 os.close(fd)
             code = _serve_rank(rank_fd, env, stderr_path, server_pid)
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         except BaseException:
             import traceback
 
@@ -79,6 +87,14 @@ def _fork_rank(control: socket.socket, wakeup: tuple[int, int], payload: bytes, 
             os._exit(code)
     os.close(rank_fd)
     return pid
+
+
+def _preload(modules: list[str]) -> None:
+    """Import each of ``modules`` once, here in the server; an import error is left for the rank to meet."""
+    for name in modules:
+        if name not in sys.modules:
+            with contextlib.suppress(Exception, SystemExit):
+                importlib.import_module(name)
 
 
 def _reap(control: socket.socket) -> None:
@@ -109,7 +125,11 @@ def serve(control: socket.socket) -> None:
                 payload, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, 1)
                 if not payload:
                     return  # the parent is gone: the ranks die with this process
-                pid = _fork_rank(control, (wake_r, wake_w), payload, fds)
+                request = pickle.loads(payload)
+                if request[0] == "preload":
+                    _preload(request[1])
+                    continue
+                pid = _fork_rank(control, (wake_r, wake_w), request, fds)
                 control.send(pickle.dumps(("pid", pid)))
             else:
                 os.read(wake_r, 4096)
@@ -123,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     control = socket.socket(fileno=int(args[0]))
     _rank.die_with_parent(int(args[1]))
-    for name in PRELOAD:
-        importlib.import_module(name)
+    _preload(list(PRELOAD))
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         serve(control)
     return 0

@@ -58,7 +58,7 @@ def pickle_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     if getattr(fn, "__module__", None) == "__main__":
         raise FunctionNotPicklable(f"cannot send {name} to the ranks: {remedy}")
     try:
-        return pickle.dumps((fn, args, kwargs), pickle.HIGHEST_PROTOCOL)
+        return _protocol.dumps((fn, args, kwargs))
     except Exception as exc:
         try:
             pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)

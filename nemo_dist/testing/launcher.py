@@ -37,13 +37,23 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import IO
 
 from nemo_dist.testing._errors import WorldError
 from nemo_dist.testing.processes import RankProcess, open_pidfd
 
-__all__ = ["IMPORT_TIME_PREFIXES", "RANK_START_ENV", "ForkedProcess", "rank_start_method", "spawn_rank"]
+__all__ = [
+    "IMPORT_TIME_PREFIXES",
+    "RANK_START_ENV",
+    "ForkedProcess",
+    "in_env_world",
+    "rank_start_method",
+    "spawn_rank",
+    "start_fork_server",
+]
 
 #: Environment variable choosing how ranks start: "forkserver" (the default where available) or "exec".
 RANK_START_ENV = "NEMO_DIST_RANK_START"
@@ -77,6 +87,8 @@ class _ForkServer:
         self._control: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._exits: dict[int, int] = {}
+        self._ready = False
+        self._log: IO[bytes] | None = None
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -84,37 +96,69 @@ class _ForkServer:
         with self._lock:
             self._close()
 
-    def _start(self) -> socket.socket:
+    def launch(self, preload: Sequence[str] = ()) -> None:
+        """Start the server process now if it is not running, without waiting for it to import torch.
+
+        It then imports the modules of ``preload`` too (before it forks any rank).
+        """
+        with self._lock:
+            if self._control is None:
+                self._launch()
+            if preload:
+                assert self._control is not None
+                with contextlib.suppress(OSError):  # a dead server is found, and restarted, by the next fork
+                    self._control.send(pickle.dumps(("preload", list(preload))))
+
+    def _launch(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(self._env)
         env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS threads would make the server fork threaded
-        log = tempfile.TemporaryFile()  # noqa: SIM115 - read below if the server fails to start
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - kept open until the server answers; read if it fails
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "nemo_dist.testing._zygote", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=self._log,
+                stderr=self._log,
                 env=env,
             )
         finally:
             theirs.close()
         self._control = ours
+        self._ready = False
+
+    def _start(self) -> socket.socket:
+        """The control socket of a server that answered "ready" (launched first where it is not running)."""
+        if self._control is None:
+            self._launch()
+        assert self._control is not None
+        if self._ready:
+            return self._control
+        assert self._log is not None
         try:
             message = self._receive(_SERVER_START_S)
         except (OSError, EOFError, TimeoutError) as exc:
-            log.seek(0)
-            tail = log.read()[-4000:].decode("utf-8", "replace")
+            self._log.seek(0)
+            tail = self._log.read()[-4000:].decode("utf-8", "replace")
             self._close()
             raise WorldError(f"the fork server of the ranks did not start ({exc}):\n{tail}") from None
         finally:
-            log.close()
+            if self._log is not None:
+                self._log.close()
+                self._log = None
         assert message[0] == "ready", message
-        return ours
+        self._ready = True
+        return self._control
 
     def _close(self) -> None:
+        if not self._ready and self._proc is not None:
+            self._proc.kill()  # still importing, no rank of its own yet: nothing to wait for
+        self._ready = False
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         if self._control is not None:
             self._control.close()  # the server sees EOF and exits
             self._control = None
@@ -145,15 +189,17 @@ class _ForkServer:
             else:
                 return tuple(message)
 
-    def fork(self, theirs: socket.socket, env: dict[str, str], stderr_path: Path) -> int:
-        """Fork a rank serving ``theirs`` (sent as a file descriptor); its pid. Starts the server on first use."""
+    def fork(self, theirs: socket.socket, env: dict[str, str], stderr_path: Path, preload: Sequence[str] = ()) -> int:
+        """Fork a rank serving ``theirs`` (sent as a file descriptor); its pid. Starts the server on first use.
+
+        The server imports the modules of ``preload`` it lacks before it forks (once per server).
+        """
         with self._lock:
             for attempt in (1, 2):
-                if self._control is None:
-                    self._start()
+                self._start()
                 assert self._control is not None
                 try:
-                    request = pickle.dumps(("spawn", env, str(stderr_path)))
+                    request = pickle.dumps(("spawn", env, str(stderr_path), list(preload)))
                     socket.send_fds(self._control, [request], [theirs.fileno()])
                     kind, pid = self._receive(_SERVER_START_S)
                 except (OSError, EOFError, TimeoutError):
@@ -162,6 +208,7 @@ class _ForkServer:
                         raise
                     continue
                 assert kind == "pid"
+                self._exits.pop(int(pid), None)  # type: ignore[call-overload]  # an earlier rank's, if the pid came round
                 return int(pid)  # type: ignore[call-overload]
             raise AssertionError("unreachable")
 
@@ -203,6 +250,30 @@ def _server_for(env: dict[str, str]) -> _ForkServer | None:
     if key not in _SERVERS and len(_SERVERS) >= _MAX_SERVERS:
         return None
     return _SERVERS.setdefault(key, _ForkServer(env))
+
+
+#: The variables of an env:// world (torchrun's): a process with all of them set is a rank already.
+_ENV_WORLD_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+
+
+def in_env_world(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment describes an env:// world (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` all set)."""
+    env = os.environ if environ is None else environ
+    return all(env.get(name) for name in _ENV_WORLD_VARS)
+
+
+def start_fork_server(preload: Sequence[str] = ()) -> None:
+    """Start the fork server for this process's environment now, in the background (not under exec).
+
+    Its imports (torch, then the modules of ``preload``) overlap with the
+    caller's own work; the first World's ranks wait for them as they would
+    have. A command that starts Worlds later calls this first thing.
+    """
+    if rank_start_method() != "forkserver":
+        return
+    server = _server_for(_rank_env(0, 1, 0))
+    if server is not None:
+        server.launch(preload)
 
 
 class ForkedProcess:
@@ -271,10 +342,14 @@ def _exec(theirs: socket.socket, env: dict[str, str], stderr_path: Path) -> subp
         )
 
 
-def spawn_rank(rank: int, world_size: int, store_port: int, tmpdir: Path) -> RankProcess:
+def spawn_rank(
+    rank: int, world_size: int, store_port: int, tmpdir: Path, preload: Sequence[str] = ()
+) -> RankProcess:
     """Start the process of ``rank`` with its stderr, stack and sample files in ``tmpdir``.
 
-    Forked from the fork server or executed afresh (:func:`rank_start_method`).
+    Forked from the fork server or executed afresh (:func:`rank_start_method`);
+    a forked rank inherits the modules of ``preload``, imported once by the
+    server (an executed rank imports them when it first needs them).
     The process waits for its :class:`~._protocol.Init` on the returned
     handle's ``conn``; the caller sends it.
     """
@@ -285,7 +360,7 @@ def spawn_rank(rank: int, world_size: int, store_port: int, tmpdir: Path) -> Ran
         proc: ForkedProcess | subprocess.Popen[bytes]
         server = _server_for(env) if rank_start_method() == "forkserver" else None
         if server is not None:
-            proc = ForkedProcess(server, server.fork(theirs, env, stderr_path))
+            proc = ForkedProcess(server, server.fork(theirs, env, stderr_path, preload))
         else:
             proc = _exec(theirs, env, stderr_path)
     except BaseException:

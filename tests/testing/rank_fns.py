@@ -200,3 +200,10 @@ def origin(name: str) -> tuple[int, str | None, str]:
     import torch.distributed as dist
 
     return os.getppid(), os.environ.get(name), str(dist.get_debug_level())
+
+
+def preloaded_importer() -> tuple[int, int, int]:
+    """(pid of the process that imported ``tests.testing._preloaded``, this rank's pid, its parent's pid)."""
+    from tests.testing import _preloaded
+
+    return _preloaded.IMPORTED_BY, os.getpid(), os.getppid()

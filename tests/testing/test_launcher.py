@@ -75,6 +75,14 @@ def test_ranks_needing_other_start_time_variables_get_a_fork_server_of_their_own
     assert plain_again == plain
 
 
+def test_a_preloaded_module_is_imported_once_by_the_fork_server_before_its_ranks_fork() -> None:
+    """Every rank finds a module of ``preload`` imported by the server, not by itself."""
+    with World(2, preload=["tests.testing._preloaded"]) as world:
+        got = world.run(rank_fns.preloaded_importer)
+    assert len({importer for importer, _, _ in got}) == 1, got
+    assert all(importer == parent != rank for importer, rank, parent in got), got
+
+
 def test_exec_start_method_runs_each_rank_as_a_child_of_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """NEMO_DIST_RANK_START=exec starts each rank as a fresh interpreter, a child of this process."""
     monkeypatch.setenv(RANK_START_ENV, "exec")

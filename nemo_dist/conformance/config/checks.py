@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import check
-from nemo_dist.conformance.target import Implementation
 from nemo_dist.testing.strategies import DDP_CONFIG_DEFAULTS
 
 __all__ = [

@@ -46,8 +46,9 @@ from nemo_dist.conformance.ddp.expectations import (
     checkpoint_role,
     tolerance_for,
 )
+from nemo_dist.conformance.errors import NotApplicable
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.target import Implementation, NotApplicable
 from nemo_dist.testing.strategies import ddp_configs
 
 __all__ = [

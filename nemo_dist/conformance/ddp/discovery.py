@@ -30,8 +30,8 @@ from torch import nn
 from nemo_dist.conformance.ddp.entry_point import device_of, dtype_of, grads_of, local_rows, parallelizer, seeded
 from nemo_dist.conformance.ddp.expectations import TOLERANCE_TIGHT, assert_close_lists, tolerance_for
 from nemo_dist.conformance.ddp.models import DIM, _Block
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.target import Implementation
 
 __all__ = ["CHOSEN", "DiscoveryModel", "checkpointing_follows_structural_discovery", "discovery_recompute"]
 

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from nemo_dist.conformance.ddp.wrapped import wrap
-from nemo_dist.conformance.target import Implementation, NotApplicable
-from nemo_dist.conformance.wrapping import DDPWrapper
+from nemo_dist.conformance.errors import NotApplicable
+from nemo_dist.conformance.implementation import DDPWrapper, Implementation
 
 __all__ = [
     "FunctionEntryPoint",

@@ -36,7 +36,7 @@ from nemo_dist.conformance.ddp.entry_point import (
 )
 from nemo_dist.conformance.ddp.models import _MultimodalModel, _TinyModel, multimodal_blocks
 from nemo_dist.conformance.ddp.ops import MatmulCounter, OpDtypes
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.implementation import Implementation
 
 __all__ = ["autocast_ops", "checkpoint_recompute"]
 

@@ -57,7 +57,7 @@ from nemo_dist.conformance.ddp.models import (
     _TinyModel,
     bucket_model,
 )
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.implementation import Implementation
 
 __all__ = [
     "CONFIG_FIELDS",

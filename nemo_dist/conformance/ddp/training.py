@@ -38,7 +38,7 @@ from nemo_dist.conformance.ddp.entry_point import (
     square_loss,
 )
 from nemo_dist.conformance.ddp.models import _SometimesUnused, _TinyModel
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.implementation import Implementation
 
 __all__ = ["contrastive_identity", "static_graph_training", "train_config"]
 

@@ -34,8 +34,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nemo_dist.conformance.errors import NotSupported
-from nemo_dist.conformance.target import resolve_callable
-from nemo_dist.conformance.wrapping import DDP_FIELD_KEYWORDS, DDPWrapper, accepts, call_arguments, receivers
+from nemo_dist.conformance.implementation import DDPWrapper
+from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.needs_gpu import gpu_need
+from nemo_dist.conformance.wrapping import DDP_FIELD_KEYWORDS, accepts, call_arguments, receivers
 
 __all__ = [
     "EnvironmentNeeded",
@@ -134,32 +136,6 @@ def _picked(out: Any, wrapper: DDPWrapper) -> Any:
     return out[wrapper.output]
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    found: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in found:
-        found.append(current)
-        current = current.__cause__ or current.__context__
-    return found
-
-
-def _needs_cuda(exc: BaseException) -> bool:
-    """Whether ``exc`` says CUDA is missing.
-
-    Its message (or a cause's) names CUDA, NVIDIA or NCCL, it was raised
-    inside ``torch.cuda``, or it is an ``assert`` on a line naming CUDA.
-    """
-    for error in _chain(exc):
-        if any(word in str(error).lower() for word in ("cuda", "nvidia", "nccl")):
-            return True
-        frames = traceback.extract_tb(error.__traceback__)
-        if any("/torch/cuda/" in frame.filename.replace("\\", "/") for frame in frames):
-            return True
-        if isinstance(error, AssertionError) and frames and "cuda" in (frames[-1].line or "").lower():
-            return True
-    return False
-
-
 def call_refused(exc: BaseException) -> str:
     """``Type: message`` when ``exc`` is Python refusing the call's arguments (no frame of the callee ran), else ""."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -169,7 +145,10 @@ def call_refused(exc: BaseException) -> str:
 
 
 def environment_need(exc: BaseException, wrapper: DDPWrapper) -> str:
-    """One line saying what the world lacks when ``exc`` shows the wrapper needs CUDA or a launcher variable, or ""."""
+    """One line saying what the world lacks when ``exc`` shows the wrapper needs CUDA or a launcher variable, or "".
+
+    CUDA: outside an nccl world, when :func:`~nemo_dist.conformance.needs_gpu.gpu_need` finds evidence in ``exc``.
+    """
     key = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
     frames = traceback.extract_tb(exc.__traceback__)
     if isinstance(key, str) and key not in os.environ and any("environ" in (f.line or "") for f in frames):
@@ -180,7 +159,7 @@ def environment_need(exc: BaseException, wrapper: DDPWrapper) -> str:
             "world, as under torchrun)"
         )
     backend = str(dist.get_backend()) if dist.is_initialized() else "none"
-    if "nccl" not in backend and _needs_cuda(exc):
+    if "nccl" not in backend and gpu_need(exc):
         first = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
         return (
             f"{wrapper.fn} needs CUDA ({first}); run with the nccl backend on a machine with GPUs "

@@ -18,9 +18,10 @@ import dataclasses
 from typing import Any
 
 from nemo_dist.conformance.deadlines import warm_up
+from nemo_dist.conformance.errors import MissingParameter, OptionError
 from nemo_dist.conformance.gather import checks, extended, ranks
+from nemo_dist.conformance.implementation import GROUP_PARAMETERS, Implementation
 from nemo_dist.conformance.registry import Suite, register_suite
-from nemo_dist.conformance.target import GROUP_PARAMETERS, Implementation, MissingParameter, OptionError
 
 __all__ = ["checks", "detect_output_form", "extended", "missing_parameter"]
 

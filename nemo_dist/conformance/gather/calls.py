@@ -1,9 +1,9 @@
 """Rank side of one call of a gather callable: the values filled for it, and its result made readable.
 
-:func:`filled` replaces each :class:`~nemo_dist.conformance.callables.Symbol`
+:func:`filled` replaces each :class:`~nemo_dist.conformance.symbols.Symbol`
 among a call's values by what it stands for in this call (the call's group,
 every rank's row count, W empty buffers like ``x`` ...: see
-:data:`~nemo_dist.conformance.callables.SYMBOLS`); :func:`world_group` is
+:data:`~nemo_dist.conformance.symbols.SYMBOLS`); :func:`world_group` is
 the process group a call without a subgroup passes where the callable needs
 one; :func:`landed` waits on results whose collective may still be in flight
 (torch's ``AsyncCollectiveTensor``, which ``DTensor.to_local()`` and the
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_dist.conformance.callables import Symbol
+from nemo_dist.conformance.symbols import Symbol
 
 __all__ = ["filled", "landed", "world_group"]
 

@@ -31,6 +31,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.explain import add_note
 from nemo_dist.conformance.gather import diagnosis, ranks
 from nemo_dist.conformance.gather.oracle import expected_grads, upstream_for_loss
@@ -45,8 +46,8 @@ from nemo_dist.conformance.gather.properties import (
     require_no_group,
 )
 from nemo_dist.conformance.gather.target import target
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.target import Implementation, NotSupported
 from nemo_dist.testing import strategies as ds
 
 __all__ = [

@@ -36,8 +36,8 @@ from nemo_dist.conformance.deadlines import StepAborted, StepBroke
 from nemo_dist.conformance.gather import ranks as ranks
 from nemo_dist.conformance.gather.oracle import expected_grads, offsets, upstream_for_loss
 from nemo_dist.conformance.gather.precision import exact_grads, lower_precisions, reduction_bound, worst_error
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
-from nemo_dist.conformance.target import Implementation
 
 __all__ = ["CAUSES", "backward_cause", "forward_cause", "group_cause", "precision_cause"]
 

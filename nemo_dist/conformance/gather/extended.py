@@ -32,8 +32,8 @@ from nemo_dist.conformance.gather.properties import (
     require_no_group,
 )
 from nemo_dist.conformance.gather.target import target
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.target import Implementation
 from nemo_dist.testing import strategies as ds
 
 __all__ = [

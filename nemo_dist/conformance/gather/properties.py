@@ -20,10 +20,10 @@ import torch.distributed as dist
 from hypothesis import strategies as st
 
 from nemo_dist.conformance.deadlines import StepAborted, StepBroke, StepHung
+from nemo_dist.conformance.errors import NotApplicable, NotSupported
 from nemo_dist.conformance.explain import crashed_ranks, grouped
 from nemo_dist.conformance.gather.ranks import same_bits
 from nemo_dist.conformance.registry import WorldLike
-from nemo_dist.conformance.target import NotApplicable, NotSupported
 from nemo_dist.testing import strategies as ds
 
 __all__ = [

@@ -12,7 +12,6 @@ return ``(type name, message)`` so that the world stays healthy.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from nemo_dist.conformance import signature
-from nemo_dist.conformance.callables import mentions_cuda
 from nemo_dist.conformance.gather.target import target
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.needs_gpu import gpu_need
 from nemo_dist.testing.strategies import apply_layout
 
 __all__ = [
@@ -100,9 +99,10 @@ def first_call(impl: Implementation) -> dict[str, str]:
     parameters a "missing required argument" ``TypeError`` named, joined by
     commas), ``error`` (any other exception, or a value that is no
     gathered form, as ``Type: message``) and ``cuda`` (for a call on a CPU
-    tensor whose error, or the source line that raised it, speaks of CUDA:
-    that line, else the message); each empty when it does not apply, all
-    empty when no callable is checked.
+    tensor whose failure says it needs a GPU: the evidence
+    :func:`~nemo_dist.conformance.needs_gpu.gpu_need` found, such as the
+    raising line ``assert x.is_cuda``); each empty when it does not apply,
+    all empty when no callable is checked.
     """
     found = {"form": "", "missing": "", "error": "", "cuda": ""}
     if impl.gather_fn is None:
@@ -113,10 +113,8 @@ def first_call(impl: Implementation) -> dict[str, str]:
     except Exception as exc:
         found["missing"] = ",".join(signature.missing_in(exc))
         found["error"] = f"{type(exc).__name__}: {str(exc).strip()}"
-        frames = traceback.extract_tb(exc.__traceback__)
-        line = (frames[-1].line or "").strip() if frames else ""
-        if x.device.type != "cuda" and (mentions_cuda(line) or mentions_cuda(str(exc))):
-            found["cuda"] = line if mentions_cuda(line) else found["error"].splitlines()[0]
+        if x.device.type != "cuda":
+            found["cuda"] = gpu_need(exc)
     return found
 
 

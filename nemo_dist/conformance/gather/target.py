@@ -30,15 +30,11 @@ from typing import Any
 import torch
 
 from nemo_dist.conformance import signature
-from nemo_dist.conformance.callables import Symbol
+from nemo_dist.conformance.errors import NotApplicable, NotSupported
 from nemo_dist.conformance.gather.calls import filled, landed, world_group
-from nemo_dist.conformance.target import (
-    GROUP_PARAMETERS,
-    Implementation,
-    NotApplicable,
-    NotSupported,
-    resolve_callable,
-)
+from nemo_dist.conformance.implementation import GROUP_PARAMETERS, Implementation
+from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.symbols import Symbol
 
 __all__ = ["GROUP_PARAMETERS", "GatherTarget", "detect_form", "target"]
 

@@ -37,13 +37,14 @@ import unittest
 
 from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, assert_close_lists, checkpoint_role, tolerance_for
 from nemo_dist.conformance.deadlines import warm_up
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.real_models import ranks
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.target import Implementation
 
 __all__ = [
     "CORE_ARCHITECTURES",
     "MISSING_TRANSFORMERS",
+    "PRELOAD",
     "REAL_MODEL_SCOPES",
     "TOLERANCE_REAL_MODELS",
     "checkpointing_real_models",
@@ -59,6 +60,15 @@ TOLERANCE_REAL_MODELS = TOLERANCE_FLOAT64
 #: Why a check is skipped when the parent cannot import transformers.
 MISSING_TRANSFORMERS = (
     "install transformers (pip install transformers) to run the checkpointing checks on real transformers models"
+)
+
+
+#: What the rank side imports: imported once for every rank where ranks are forked.
+PRELOAD = (
+    "transformers",
+    "transformers.models.qwen2_vl.modeling_qwen2_vl",
+    "transformers.models.qwen2_audio.modeling_qwen2_audio",
+    "transformers.models.whisper.modeling_whisper",
 )
 
 
@@ -129,13 +139,13 @@ def _check_architectures(
         _check_architecture(world, impl, architecture, False, ("all",))
 
 
-@check("ddp.checkpointing_real_models", tier="core", component="ddp")
+@check("ddp.checkpointing_real_models", tier="core", component="ddp", preload=PRELOAD)
 def checkpointing_real_models(world: WorldLike, impl: Implementation) -> None:
     """On tiny real Qwen2-VL and Qwen2-Audio, each scope reruns exactly its trainable blocks; gradients unchanged."""
     _check_architectures(world, impl, CORE_ARCHITECTURES, REAL_MODEL_SCOPES, ("language", "multimodal"))
 
 
-@check("ddp.checkpointing_real_models_beyond_upstream", tier="extended", component="ddp")
+@check("ddp.checkpointing_real_models_beyond_upstream", tier="extended", component="ddp", preload=PRELOAD)
 def checkpointing_real_models_beyond_upstream(world: WorldLike, impl: Implementation) -> None:
     """On a tiny real Whisper, scope "audio" reruns the encoder blocks only and "language" the decoder blocks only."""
     _check_architectures(world, impl, ("Whisper",), ("audio", "language", "all"), ("audio",))

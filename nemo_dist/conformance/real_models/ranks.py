@@ -25,6 +25,7 @@ model, so the parent can import it without ``transformers`` installed.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import torch
 from torch import nn
 
 from nemo_dist.conformance.ddp.entry_point import device_of, dtype_of, grads_of, parallelizer, seeded
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.implementation import Implementation
 
 __all__ = [
     "ARCHITECTURES",
@@ -279,9 +280,20 @@ def _count_forward(module: nn.Module, calls: dict[str, int], key: str) -> None:
     module.forward = forward
 
 
+#: Each architecture's seeded float64 model as built, kept per rank: building a transformers model costs far more
+#: than copying one, and every check of a world builds the same few several times.
+_TEMPLATES: dict[str, nn.Module] = {}
+
+
+def _template(arch: Architecture) -> nn.Module:
+    if arch.class_name not in _TEMPLATES:
+        _TEMPLATES[arch.class_name] = seeded(arch.build, _MODEL_SEED)
+    return _TEMPLATES[arch.class_name]
+
+
 def _build(arch: Architecture) -> tuple[nn.Module, dict[str, _Block]]:
-    """The seeded float64 model in training mode with its frozen block, and its blocks."""
-    model = seeded(arch.build, _MODEL_SEED)
+    """The seeded float64 model in training mode with its frozen block, and its blocks (a fresh copy each call)."""
+    model = copy.deepcopy(_template(arch))
     model.train()
     blocks = _blocks(model, arch)
     blocks[arch.frozen].module.requires_grad_(False)
@@ -298,13 +310,13 @@ def _loss(arch: Architecture, wrapped: nn.Module, model: nn.Module) -> torch.Ten
 
 # ------------------------------------------------------------------------- rank checks
 def warm_up(architectures: list[str]) -> str:
-    """Import ``transformers`` and build each of ``architectures`` once (its modeling module, lazy caches).
+    """Import ``transformers`` and build each of ``architectures`` once: the template later models are copied from.
 
     A warm-up step: the first import costs seconds. Returns the version of
     ``transformers`` on the rank.
     """
     for name in architectures:
-        ARCHITECTURES[name].build()
+        _template(ARCHITECTURES[name])
     return str(_transformers().__version__)
 
 
@@ -363,10 +375,24 @@ def recompute_counts(
             },
             "grads": grads_of(model),
         }
+    device, dtype = device_of(plain), dtype_of(plain)
     if scopes:
         # Where the entry point put the wrapped models, in the dtype it gave them (upstream: bfloat16 at w1 on CUDA).
-        plain.to(device_of(model), dtype_of(model))
-        result["dtype"] = str(dtype_of(model))
-    _loss(arch, plain, plain).backward()
-    result["plain_grads"] = grads_of(plain)
+        device, dtype = device_of(model), dtype_of(model)
+        result["dtype"] = str(dtype)
+    result["plain_grads"] = _plain_grads(arch, plain, device, dtype)
     return result
+
+
+#: The uncheckpointed gradients by (architecture, device, dtype), kept per rank: the same for every mode and scope.
+_PLAIN_GRADS: dict[tuple[str, str, str], list[torch.Tensor | None]] = {}
+
+
+def _plain_grads(arch: Architecture, plain: nn.Module, device: torch.device, dtype: torch.dtype) -> list[Any]:
+    """The gradients of ``plain`` (unwrapped, uncheckpointed) on ``device`` in ``dtype``; computed once per rank."""
+    key = (arch.class_name, str(device), str(dtype))
+    if key not in _PLAIN_GRADS:
+        plain.to(device, dtype)
+        _loss(arch, plain, plain).backward()
+        _PLAIN_GRADS[key] = grads_of(plain)
+    return _PLAIN_GRADS[key]

@@ -20,8 +20,9 @@ from typing import Any
 
 from nemo_dist.conformance.ddp.ranks import warm_up
 from nemo_dist.conformance.deadlines import warm_up as warm_up_step
+from nemo_dist.conformance.errors import NotApplicable, NotSupported, OptionError
+from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import Check, Suite, register_suite
-from nemo_dist.conformance.target import Implementation, NotApplicable, NotSupported, OptionError
 from nemo_dist.conformance.wrapper import checks, ranks
 
 __all__ = ["checks", "first_call", "screen"]
@@ -58,7 +59,7 @@ def screen(check: Check, impl: Implementation) -> None:
             "wrapper.trains_like_one_process"
         )
     if "real_models" in check.name:
-        from nemo_dist.conformance.target import resolve_callable
+        from nemo_dist.conformance.importing import resolve_callable
         from nemo_dist.conformance.wrapping import accepts, receivers
 
         takes, _ = receivers(resolve_callable(wrapper.fn), wrapper.method)

@@ -30,11 +30,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, assert_close_lists, tolerance_for
+from nemo_dist.conformance.errors import NotApplicable
+from nemo_dist.conformance.implementation import DDPWrapper, Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.target import Implementation, NotApplicable
 from nemo_dist.conformance.wrapper import diagnosis, ranks
 from nemo_dist.conformance.wrapper.exact import exact_training
-from nemo_dist.conformance.wrapping import DDPWrapper
 
 __all__ = [
     "STEPS",

@@ -34,7 +34,7 @@ from nemo_dist.conformance.ddp.wrapped import (
     sgd,
     wrap,
 )
-from nemo_dist.conformance.target import Implementation
+from nemo_dist.conformance.implementation import Implementation
 
 __all__ = [
     "IN_FEATURES",

@@ -1,0 +1,46 @@
+"""The values a rank fills for each call of a gather callable (``@symbols``), and stored option values read back.
+
+A ``--gather-kwarg`` or ``--gather-init`` VALUE is kept as text: a Python
+literal's repr, or ``@name``, one of :data:`SYMBOLS`, which the rank fills
+for each call since a fixed literal cannot follow the call's input and
+group. :func:`value_of` turns a stored text back into its value. Standard
+library only: the bottom of the conformance engine.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["INIT_SYMBOLS", "SYMBOLS", "Symbol", "value_of"]
+
+#: The values a rank fills for each call, by name (``--gather-kwarg NAME=@SYMBOL``), and what each holds.
+SYMBOLS: dict[str, str] = {
+    "group": "the call's process group: the subgroup a group check passes, else the whole world's (dist.group.WORLD)",
+    "rank": "this rank's rank in the call's group",
+    "world_size": "the number of ranks the call gathers from (its group's size)",
+    "row_sizes": "the list of every rank's row count (dim 0 of x) in rank order, learned by a small all-gather",
+    "out_buffers": "a list of one empty contiguous tensor like x (shape, dtype, device) per rank of the call's group",
+}
+#: The symbols a constructor can take (``--gather-init``): it runs once per rank, in the whole world, on no x.
+INIT_SYMBOLS: tuple[str, ...] = ("group", "rank", "world_size")
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A value the rank fills for each call (``@name``, one of :data:`SYMBOLS`)."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"@{self.name}"
+
+
+def value_of(text: str) -> Any:
+    """The value an option's stored text stands for: a :class:`Symbol` for ``@name``, else the literal.
+
+    ``text`` is what the parsers stored (a literal's repr or ``@name``);
+    anything else raises what ``ast.literal_eval`` raises.
+    """
+    return Symbol(text[1:]) if text.startswith("@") else ast.literal_eval(text)

@@ -1,0 +1,256 @@
+"""Layer 0 (no process group): one option table, read by both front ends, both Reproduce lines and the READMEs.
+
+The pytest front end is read in this process through ``pytester.parseconfig``
+(its options parsed, no test collected, no world started).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+# Imported before any in-process pytest run: pytester removes afterwards the modules a run imported, and torch
+# cannot be imported twice in one process.
+import nemo_dist.conformance.pytest_plugin as plugin
+from nemo_dist.conformance import arguments, option_docs, options
+from nemo_dist.conformance.option_spec import COMMAND, PYTEST, PYTEST_PREFIX, Option
+from tests.conformance._cli import ROOT
+
+_PLUGIN = ("-p", "nemo_dist.conformance.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+_READMES = (ROOT / "README.md", ROOT / "conformance" / "README.md")
+
+
+class _ParserRecorder:
+    """A plugin keeping the parser pytest hands to ``pytest_addoption``, to read the options declared on it."""
+
+    parser: pytest.Parser | None = None
+
+    def pytest_addoption(self, parser: pytest.Parser) -> None:
+        self.parser = parser
+
+
+def _pytest_options(pytester: pytest.Pytester) -> dict[str, Any]:
+    """The options of the plugin's ``conformance`` group, by name (pytest's ``Argument`` objects)."""
+    recorder = _ParserRecorder()
+    pytester.plugins.append(recorder)
+    config = pytester.parseconfig(*_PLUGIN)
+    config.pluginmanager.check_pending()  # the plugin defines no unknown pytest_* hook (an imported name, say)
+    assert recorder.parser is not None
+    group = recorder.parser.getgroup("conformance")
+    return {name: argument for argument in group.options for name in argument.names()}
+
+
+def _command_actions() -> dict[str, Any]:
+    """The command parser's options (help aside), by their longest spelling (argparse's actions)."""
+    actions = [a for a in arguments.parser()._actions if a.option_strings and a.dest != "help"]
+    return {max(a.option_strings, key=len): a for a in actions}
+
+
+def _given(option: Option, front_end: str) -> tuple[list[str], Any]:
+    """Words giving ``option`` on ``front_end``'s command line (twice for a repeatable one), and the value expected."""
+    spelled = option.spelling(front_end)
+    assert spelled is not None
+    if option.flag:
+        return [spelled], True
+    if option.repeatable:
+        return [spelled, "a=1", spelled, "b=2"], ["a=1", "b=2"]
+    convert = option.pytest.type if front_end == PYTEST and option.pytest and option.pytest.type else str
+    return [spelled, "3"], convert("3")
+
+
+def test_the_command_declares_each_of_its_table_options_as_the_table_says() -> None:
+    """The command's parser holds exactly the table's command options: spellings, metavar, default, help, action."""
+    actions = _command_actions()
+    assert list(actions) == [o.name for o in options.declared(COMMAND)]
+    for option in options.declared(COMMAND):
+        action = actions[option.name]
+        assert action.option_strings == ([option.short] if option.short else []) + [option.name]
+        assert (action.dest, action.metavar) == (option.dest, option.metavar)
+        assert action.default == option.default_in(COMMAND), option.name
+        assert action.help == option.help_in(COMMAND, options.BY_FIELD)
+
+
+def test_every_command_option_reaches_the_command_under_its_spelling() -> None:
+    """Given all at once, each command option sets its field (a flag True, a repeatable one every value)."""
+    argv: list[str] = []
+    expected: dict[str, Any] = {}
+    for option in options.declared(COMMAND):
+        words, expected[option.dest] = _given(option, COMMAND)
+        argv += words
+    args = arguments.parser().parse_args(argv)
+    assert {field: getattr(args, field) for field in expected} == expected
+
+
+def test_pytest_declares_each_of_its_table_options_as_the_table_says(pytester: pytest.Pytester) -> None:
+    """The plugin's group holds exactly the table's pytest options, prefixed: metavar, default, type, help."""
+    found = _pytest_options(pytester)
+    assert list(found) == [o.spelling(PYTEST) for o in options.declared(PYTEST)]
+    for option in options.declared(PYTEST):
+        attrs = found[plugin.option_name(option.dest)].attrs()
+        assert attrs["metavar"] == option.metavar
+        assert attrs["default"] == option.default_in(PYTEST), option.name
+        assert attrs["type"] == (option.pytest.type if option.pytest else None)
+        assert attrs["help"] == option.help_in(PYTEST, options.BY_FIELD)
+
+
+def test_every_pytest_option_reaches_pytest_under_its_spelling(pytester: pytest.Pytester) -> None:
+    """Given all at once, each ``--conformance-*`` option reads back as given (converted where pytest types it)."""
+    argv: list[str] = []
+    expected: dict[str, Any] = {}
+    for option in options.declared(PYTEST):
+        words, expected[plugin.option_name(option.dest)] = _given(option, PYTEST)
+        argv += words
+    config = pytester.parseconfig(*_PLUGIN, *argv)
+    assert {name: config.getoption(name) for name in expected} == expected
+
+
+def test_an_option_of_one_front_end_only_is_declared_so_in_the_table(pytester: pytest.Pytester) -> None:
+    """The options one front end has and the other lacks are exactly those the table gives that front end alone."""
+    command = {name.removeprefix("--") for name in _command_actions()}
+    under_pytest = {name.removeprefix(PYTEST_PREFIX) for name in _pytest_options(pytester)}
+    assert command - under_pytest == {o.name[2:] for o in options.OPTIONS if o.front_ends == (COMMAND,)}
+    assert under_pytest - command == {o.name[2:] for o in options.OPTIONS if o.front_ends == (PYTEST,)}
+
+
+def test_pytest_has_an_option_in_place_of_each_command_only_option_with_an_equivalent(
+    pytester: pytest.Pytester,
+) -> None:
+    """``--dist-world-sizes``, ``--hypothesis-seed``, ``-k`` ... parse with the plugins pytest loads."""
+    argv: list[str] = []
+    for option in options.OPTIONS:
+        if PYTEST not in option.front_ends and option.pytest_equivalent is not None:
+            argv += [option.pytest_equivalent] if option.flag else [option.pytest_equivalent, "1"]
+    assert "--dist-world-sizes" in argv
+    pytester.parseconfig(*_PLUGIN, *argv)  # a usage error for an unknown option
+
+
+def test_help_names_other_options_as_each_front_end_spells_them() -> None:
+    """No help keeps a ``{opt:...}`` field; pytest's never names a command spelling, the command's no pytest one."""
+    command_spellings = [o.name for o in options.declared(PYTEST)]
+    for option in options.OPTIONS:
+        for front_end in option.front_ends:
+            text = option.help_in(front_end, options.BY_FIELD)
+            assert "{opt:" not in text, (option.name, front_end)
+            if front_end == PYTEST:
+                assert not [s for s in command_spellings if re.search(rf"(?<![\w-]){s}(?![\w-])", text)], text
+            else:
+                assert PYTEST_PREFIX not in text, text
+    no_grad = options.option("no_grad_fn")
+    assert no_grad.help_in(PYTEST, options.BY_FIELD).startswith("the no-grad counterpart of --conformance-gather-fn")
+    deadline = options.option("min_deadline").help_in(PYTEST, options.BY_FIELD)
+    assert "at most --dist-timeout" in deadline
+
+
+def test_choices_and_defaults_repeat_the_engine_constants() -> None:
+    """The table's choices and defaults are the engine's (which import torch); help or metavar lists the choices."""
+    from nemo_dist.conformance import PRESETS, TIERS
+    from nemo_dist.conformance.deadlines import FLOOR_S
+    from nemo_dist.conformance.target import GATHER_FORMS
+    from nemo_dist.conformance.wrapping import BUFFERS, REDUCTIONS
+
+    engine = {"gather_form": GATHER_FORMS, "tier": TIERS, "preset": tuple(PRESETS), "ddp_reduction": REDUCTIONS,
+              "ddp_buffers": BUFFERS, "backend": ("gloo", "nccl")}
+    assert {o.dest: o.choices for o in options.OPTIONS if o.choices} == engine
+    for field, choices in engine.items():
+        text = f"{options.option(field).metavar} {options.option(field).help}"
+        assert all(re.search(rf"\b{choice}\b", text) for choice in choices), text
+    assert str(FLOOR_S).removesuffix(".0") == options.DEFAULT_MIN_DEADLINE
+
+
+def test_every_wrapper_option_field_is_an_option_of_both_front_ends() -> None:
+    """``wrapper_from_options`` reads each ``--ddp-fn`` field from either front end: each is declared in both."""
+    from nemo_dist.conformance.wrapping import WRAPPER_OPTION_FIELDS
+
+    both = {o.dest for o in options.OPTIONS if set(o.front_ends) == {COMMAND, PYTEST}}
+    assert set(WRAPPER_OPTION_FIELDS) <= both
+
+
+def test_the_command_reproduce_line_repeats_the_marked_options_in_table_order() -> None:
+    """Every repeated option set off its default comes back, long form, quoted, in order; the others never do."""
+    argv: list[str] = []
+    for option in options.declared(COMMAND):
+        argv += _given(option, COMMAND)[0]
+    line = arguments.reproduce_command(arguments.parser().parse_args(argv), "prog")
+    assert line == (
+        "prog --gather 3 --gather-fn 3 --no-grad-fn 3 --gather-form 3 --gather-kwarg a=1 --gather-kwarg b=2 "
+        "--gather-init a=1 --gather-init b=2 --gather-output 3 --ddp 3 --ddp-fn 3 --ddp-method 3 --ddp-kwarg a=1 "
+        "--ddp-kwarg b=2 --ddp-output 3 --ddp-reduction 3 --ddp-buffers 3 --ddp-after-backward 3 --ddp-grad-attr 3 "
+        "--ddp-zero-grad 3 --config 3 --preset 3 --backend 3 --tier 3 --max-examples 3 --strict --timeout 3 "
+        "--min-deadline 3 --hypothesis-db 3"
+    )
+
+
+def test_options_given_at_their_defaults_are_left_out_of_the_command_reproduce_line() -> None:
+    """A Reproduce line repeats only what differs from the defaults; values are shell-quoted."""
+    argv = ["--gather-form", "auto", "--tier", "all", "--backend", "gloo", "--max-examples", "10", "--timeout", "120",
+            "--min-deadline", "10", "--gather-kwarg", "x='a b'"]
+    line = arguments.reproduce_command(arguments.parser().parse_args(argv))
+    assert line == "nemo-dist-conformance --gather-kwarg 'x='\"'\"'a b'\"'\"''"
+
+
+def test_the_pytest_reproduce_line_repeats_the_marked_options_in_table_order(pytester: pytest.Pytester) -> None:
+    """The pytest line: node id, every repeated option off its default in table order, world size, seed."""
+    argv: list[str] = []
+    for option in options.declared(PYTEST):
+        argv += _given(option, PYTEST)[0]
+    config = pytester.parseconfig(*_PLUGIN, *argv)
+    assert plugin.reproduce_line(config, "t.py::test[c-w2]", 2, 7) == (
+        "pytest 't.py::test[c-w2]' --conformance-gather 3 --conformance-gather-fn 3 --conformance-no-grad-fn 3 "
+        "--conformance-gather-form 3 --conformance-gather-kwarg a=1 --conformance-gather-kwarg b=2 "
+        "--conformance-gather-init a=1 --conformance-gather-init b=2 --conformance-gather-output 3 "
+        "--conformance-ddp 3 --conformance-ddp-fn 3 --conformance-ddp-method 3 --conformance-ddp-kwarg a=1 "
+        "--conformance-ddp-kwarg b=2 --conformance-ddp-output 3 --conformance-ddp-reduction 3 "
+        "--conformance-ddp-buffers 3 --conformance-ddp-after-backward 3 --conformance-ddp-grad-attr 3 "
+        "--conformance-ddp-zero-grad 3 --conformance-config 3 --conformance-preset 3 --conformance-backend 3 "
+        "--conformance-tier 3 --conformance-max-examples 3 --conformance-min-deadline 3 "
+        "--conformance-hypothesis-db 3 --dist-world-sizes 2 --hypothesis-seed=7"
+    )
+    defaults = pytester.parseconfig(*_PLUGIN, "--conformance-tier", "all", "--conformance-gather-form", "auto")
+    assert plugin.reproduce_line(defaults, "t.py::test", 0, 8) == "pytest t.py::test --hypothesis-seed=8"
+
+
+@pytest.mark.parametrize("readme", _READMES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_readme_option_tables_are_rendered_from_the_table(readme: Any) -> None:
+    """Each marked README option table is what the table renders: its options, their metavars, their docs."""
+    text = readme.read_text()
+    assert option_docs.render_readme(text) == text, "run: python scripts/render_option_tables.py"
+
+
+def test_every_readme_option_table_is_marked_and_every_marked_table_is_known() -> None:
+    """A README table headed ``| option |`` lies between markers; the marked tables are those the table's docs fill."""
+    marked: list[str] = []
+    for readme in _READMES:
+        text = readme.read_text()
+        marked += option_docs.marked_tables(text)
+        unmarked = re.sub(r"<!-- options:([\w-]+) -->\n.*?<!-- /options:\1 -->", "", text, flags=re.S)
+        assert not re.search(r"^\| option \|", unmarked, re.M), f"{readme}: an option table without markers"
+    documented = {doc.table for o in options.OPTIONS for doc in o.docs}
+    assert sorted(marked) == sorted(option_docs.TABLES) == sorted(documented)
+
+
+def test_a_readme_table_whose_row_differs_from_the_table_is_rendered_anew() -> None:
+    """A stale metavar, a missing row or an extra row is replaced by the table's rows (so the README test fails)."""
+    fresh = option_docs.render_table("wrapper")
+    for stale in (fresh.replace("`--ddp-output INDEX`", "`--ddp-output N`"),
+                  "\n".join(line for line in fresh.splitlines() if "--ddp-buffers" not in line) + "\n",
+                  fresh + "| `--ddp-extra X` | not an option |\n"):
+        block = "before\n<!-- options:wrapper -->\n{}<!-- /options:wrapper -->\nafter\n"
+        assert option_docs.render_readme(block.format(stale)) == block.format(fresh)
+
+
+def test_every_option_is_named_in_the_conformance_readme() -> None:
+    """Each front end's spelling of every option it declares appears in conformance/README.md (``-k``/``-q`` do)."""
+    text = (ROOT / "conformance" / "README.md").read_text()
+
+    def named(spelling: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(spelling)}(?![\w-])", text) is not None
+
+    missing = [
+        (option.name, front_end)
+        for option in options.OPTIONS
+        for front_end in option.front_ends
+        if not named(option.spelling(front_end) or "") and not (front_end == COMMAND and named(option.short or ""))
+    ]
+    assert not missing
