@@ -22,7 +22,7 @@ from nemo_dist.conformance.report import format_progress, format_report, write_j
 from nemo_dist.conformance.runner import run_checks
 from nemo_dist.conformance.target import Implementation, OptionError, resolve_implementation, validate_implementation
 from nemo_dist.conformance.verdicts import Report, Verdict
-from nemo_dist.conformance.wrapping import wrapper_from_options
+from nemo_dist.conformance.wrapping import check_mesh_world_sizes, wrapper_from_options
 from nemo_dist.testing import gpus, options
 
 __all__ = ["fitting_world_sizes", "main"]
@@ -100,6 +100,7 @@ def _options(
         sizes, notes = _nccl_sizes(sizes)
     try:
         wrapper = wrapper_from_options(lambda field: getattr(args, field))
+        check_mesh_world_sizes(wrapper, sizes, "--world-sizes")
         impl, components = resolve_implementation(
             gather=args.gather,
             ddp=args.ddp,

@@ -12,7 +12,6 @@ only :mod:`.errors` and :mod:`.symbols`.
 
 from __future__ import annotations
 
-import ast
 import importlib
 from dataclasses import dataclass, replace
 from types import ModuleType
@@ -35,7 +34,11 @@ class DDPWrapper:
     """A ``--ddp-fn`` callable and how the checks call it and step through it (:mod:`~nemo_dist.conformance.wrapping`).
 
     ``kwargs`` are ``(name, Python literal)`` pairs kept as text (the object
-    stays hashable and pickles as its strings; :meth:`call_kwargs` evaluates them).
+    stays hashable and pickles as its strings; :meth:`call_kwargs` evaluates them;
+    ``@mesh`` stays a :class:`~nemo_dist.conformance.symbols.Symbol` the rank fills).
+    ``start`` is ``"identical"`` when the user declares that the wrapper expects
+    identical weights on every rank (``--ddp-start identical``); ``mesh`` the
+    ``(R, S)`` of ``--ddp-mesh RxS`` (``@mesh`` then 2-D), None for a 1-D ``@mesh``.
     """
 
     fn: str
@@ -47,10 +50,17 @@ class DDPWrapper:
     after_backward: str | None = None
     grad_attr: str | None = None
     zero_grad: str | None = None
+    start: str | None = None
+    mesh: tuple[int, int] | None = None
 
     def call_kwargs(self) -> dict[str, Any]:
-        """The ``kwargs`` with their values evaluated (``ast.literal_eval``)."""
-        return {name: ast.literal_eval(value) for name, value in self.kwargs}
+        """The ``kwargs`` with their values evaluated: a literal, or a ``Symbol`` for ``@name`` (filled by the rank)."""
+        return {name: value_of(value) for name, value in self.kwargs}
+
+    @property
+    def identical_start(self) -> bool:
+        """Whether the user declared that the wrapper expects identical weights on every rank."""
+        return self.start == "identical"
 
     @property
     def step_protocol(self) -> bool:

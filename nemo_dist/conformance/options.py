@@ -111,7 +111,8 @@ OPTIONS: tuple[Option, ...] = (
         docs=(
             Doc(_NAMES, "any data-parallel wrapper instead of a ddp module, checked by behaviour (with `--ddp-method`, "
                         "`--ddp-kwarg`, `--ddp-output`, `--ddp-reduction`, `--ddp-buffers`, `--ddp-after-backward`, "
-                        '`--ddp-grad-attr`, `--ddp-zero-grad`: see "Any data-parallel wrapper" below)'),
+                        '`--ddp-grad-attr`, `--ddp-zero-grad`, `--ddp-start`, `--ddp-mesh`: see "Any data-parallel '
+                        'wrapper" below)'),
             Doc(_WRAPPER, "a function taking the model, or a class constructed with it: `fn(model, **kwargs)`. The "
                           "model goes to the parameter named `model` or `module`, else to the first positional "
                           "parameter no `--ddp-kwarg` names (so `DistributedFairseqModel(args, model)` works with "
@@ -129,10 +130,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--ddp-kwarg", metavar="NAME=VALUE", repeatable=True,
         help="a keyword passed on every call of {opt:ddp_fn} (its constructor with {opt:ddp_method}), VALUE a Python "
-        "literal; repeatable (the DDP fields are the field checks' to pass)",
+        "literal or @mesh (the world's DeviceMesh, built on each rank); repeatable (the DDP fields are the field "
+        "checks' to pass)",
         docs=(Doc(_WRAPPER, "a keyword passed on every call (to the constructor with `--ddp-method`), VALUE a Python "
-                            "literal; repeatable. The five DDP fields are the field checks' to pass (below), so "
-                            "naming one is a usage error"),),
+                            "literal, or `@mesh`: the world's `DeviceMesh` (`init_device_mesh` on the backend's "
+                            "device type, `cpu` under gloo), built on each rank; repeatable. The five DDP fields are "
+                            "the field checks' to pass (below), so naming one is a usage error"),),
     ),
     Option(
         "--ddp-output", metavar="INDEX", help="{opt:ddp_fn} returns a tuple or list with the model at INDEX",
@@ -167,6 +170,23 @@ OPTIONS: tuple[Option, ...] = (
         help="a method of what {opt:ddp_fn} returned that clears the gradients each step (zero_grad_buffer)",
         docs=(Doc(_WRAPPER, "a method of what came back that clears the gradients each step (Megatron's "
                             "`zero_grad_buffer`)"),),
+    ),
+    Option(
+        "--ddp-start", metavar="broadcast|identical", choices=("broadcast", "identical"),
+        help="how ranks start: the wrapper broadcasts rank 0's weights (default), or identical: it expects identical "
+        "weights on every rank (same seed or a checkpoint load, as fully_shard does), and the checks build them so",
+        docs=(Doc(_WRAPPER, "`identical` declares that the wrapper expects identical weights on every rank (the same "
+                            "seed, or a checkpoint load), as `fully_shard` does: every rank's model is then built from "
+                            "one seed and `wrapper.identical_start` is not applicable; default `broadcast` (the "
+                            "wrapper makes the start identical itself)"),),
+    ),
+    Option(
+        "--ddp-mesh", metavar="RxS",
+        help="makes the @mesh of {opt:ddp_kwarg} 2-D: R replicas x S shards, dimension names (dp_replicate, "
+        "dp_shard), for HSDP; worlds of another size than R*S are not applicable",
+        docs=(Doc(_WRAPPER, "makes `@mesh` 2-D, `(R, S)` with dimension names `(dp_replicate, dp_shard)`, as HSDP "
+                            "takes it; a world of another size than R*S is not applicable, and R*S must be one of the "
+                            "world sizes"),),
     ),
     Option("--config", metavar="MODULE", help="module with DDPConfig",
            docs=(Doc(_NAMES, "a module with `DDPConfig`"),)),

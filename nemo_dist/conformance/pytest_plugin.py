@@ -62,10 +62,17 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     Raises ``pytest.UsageError`` saying how to fix a bad option.
     """
     from nemo_dist.conformance.target import OptionError, resolve_implementation, validate_implementation
-    from nemo_dist.conformance.wrapping import wrapper_from_options
+    from nemo_dist.conformance.wrapping import check_mesh_world_sizes, wrapper_from_options
+    from nemo_dist.testing import options as values
 
     try:
         wrapper = wrapper_from_options(lambda field: config.getoption(option_name(field)))
+        try:  # read here: the harness plugin may configure after this one (a bad value is its usage error)
+            sizes = values.parse_world_sizes(config.getoption("dist_world_sizes"))
+        except values.BadOptionValue:
+            sizes = ()
+        if sizes:
+            check_mesh_world_sizes(wrapper, sizes, "--dist-world-sizes")
         impl, checked = resolve_implementation(
             gather=config.getoption("--conformance-gather"),
             ddp=config.getoption("--conformance-ddp"),

@@ -1,6 +1,7 @@
 """The values a rank fills for each call of a gather callable (``@symbols``), and stored option values read back.
 
-A ``--gather-kwarg`` or ``--gather-init`` VALUE is kept as text: a Python
+A ``--gather-kwarg`` or ``--gather-init`` VALUE (and a ``--ddp-kwarg`` one,
+whose only symbol is ``@mesh``: :data:`WRAPPER_SYMBOLS`) is kept as text: a Python
 literal's repr, or ``@name``, one of :data:`SYMBOLS`, which the rank fills
 for each call since a fixed literal cannot follow the call's input and
 group. :func:`value_of` turns a stored text back into its value. Standard
@@ -13,7 +14,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["INIT_SYMBOLS", "SYMBOLS", "Symbol", "value_of"]
+__all__ = ["INIT_SYMBOLS", "SYMBOLS", "WRAPPER_SYMBOLS", "Symbol", "value_of"]
 
 #: The values a rank fills for each call, by name (``--gather-kwarg NAME=@SYMBOL``), and what each holds.
 SYMBOLS: dict[str, str] = {
@@ -25,6 +26,11 @@ SYMBOLS: dict[str, str] = {
 }
 #: The symbols a constructor can take (``--gather-init``): it runs once per rank, in the whole world, on no x.
 INIT_SYMBOLS: tuple[str, ...] = ("group", "rank", "world_size")
+#: The values a rank fills for a ``--ddp-kwarg`` of a ``--ddp-fn`` wrapper, by name, and what each holds.
+WRAPPER_SYMBOLS: dict[str, str] = {
+    "mesh": "the world's DeviceMesh on the backend's device type (cpu under gloo): 1-D over every rank, or the "
+    "2-D (dp_replicate, dp_shard) mesh --ddp-mesh RxS names",
+}
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ names one callable found anywhere (``MODULE:NAME``) and how the checks use it:
   the model as ``model=``);
 - with ``method``, a class constructed from the keywords whose method takes
   the model: ``fn(**kwargs).method(model)`` (Lightning's ``DDPStrategy``);
-- ``kwargs``: ``NAME=VALUE`` pairs (VALUE a Python literal) passed on every
-  call, where the DDP field keywords go too;
+- ``kwargs``: ``NAME=VALUE`` pairs (VALUE a Python literal, or ``@mesh``:
+  the world's DeviceMesh, 2-D with ``mesh``) passed on every call, where the
+  DDP field keywords go too;
 - ``output``: the index of the wrapped model in a tuple or list return
   (ColossalAI's ``configure``); a None return means the model was changed in
   place (composable ``replicate``).
@@ -23,7 +24,8 @@ method called after each backward that syncs, Megatron's
 reduced gradient, ``main_grad``; default ``.grad``), ``zero_grad`` (a method
 clearing the gradients each step, ``zero_grad_buffer``). ``reduction``
 (``mean`` or ``sum``) and ``buffers`` (``synced``, ``local`` or undeclared)
-are what the user declares the wrapper does.
+are what the user declares the wrapper does; so is ``start`` (``identical``:
+it expects identical weights on every rank instead of synchronising them).
 
 :func:`parse_wrapper` and :func:`validate_wrapper` run before any world
 starts; their errors are :class:`~nemo_dist.conformance.errors.OptionError`
@@ -42,16 +44,19 @@ from nemo_dist.conformance.callables import missing_parameter_error, parse_keywo
 from nemo_dist.conformance.errors import OptionError
 from nemo_dist.conformance.implementation import DDPWrapper
 from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.symbols import WRAPPER_SYMBOLS
 
 __all__ = [
     "BUFFERS",
     "DDP_FIELD_KEYWORDS",
     "MODEL_PARAMETERS",
     "REDUCTIONS",
+    "STARTS",
     "WRAPPER_OPTION_FIELDS",
     "DDPWrapper",
     "accepts",
     "call_arguments",
+    "check_mesh_world_sizes",
     "parse_wrapper",
     "receivers",
     "validate_wrapper",
@@ -70,6 +75,8 @@ DDP_FIELD_KEYWORDS: tuple[str, ...] = (
 REDUCTIONS: tuple[str, ...] = ("mean", "sum")
 #: Values of ``--ddp-buffers``: what the wrapper does with module buffers.
 BUFFERS: tuple[str, ...] = ("synced", "local")
+#: Values of ``--ddp-start``: the wrapper synchronises the start itself (the default), or expects it identical.
+STARTS: tuple[str, ...] = ("broadcast", "identical")
 
 #: The option fields (``{opt:FIELD}``) of a ``--ddp-fn`` wrapper, as every front end declares them.
 WRAPPER_OPTION_FIELDS: tuple[str, ...] = (
@@ -82,6 +89,8 @@ WRAPPER_OPTION_FIELDS: tuple[str, ...] = (
     "ddp_after_backward",
     "ddp_grad_attr",
     "ddp_zero_grad",
+    "ddp_start",
+    "ddp_mesh",
 )
 
 _P = inspect.Parameter
@@ -90,7 +99,7 @@ _EXAMPLE = "torch.nn.parallel:DistributedDataParallel"
 
 def _keyword_pairs(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """``--ddp-kwarg`` texts as ``(name, literal)`` pairs; ``OptionError`` for a malformed or refused item."""
-    pairs = parse_keyword_pairs(items, "ddp_kwarg", (), "fp16_compression=True")
+    pairs = parse_keyword_pairs(items, "ddp_kwarg", tuple(WRAPPER_SYMBOLS), "fp16_compression=True")
     for name, text in pairs.items():
         if name in DDP_FIELD_KEYWORDS:
             raise OptionError(
@@ -110,6 +119,40 @@ def _method_name(field: str, text: str | None, example: str) -> str | None:
     return name
 
 
+def _mesh_shape(text: str | None, kwargs: tuple[tuple[str, str], ...]) -> tuple[int, int] | None:
+    """``--ddp-mesh RxS`` as ``(R, S)``; ``OptionError`` for a malformed value or no ``@mesh`` to shape."""
+    if text is None:
+        return None
+    r, sep, s = text.strip().lower().partition("x")
+    if not sep or not r.isdigit() or not s.isdigit() or int(r) < 1 or int(s) < 1:
+        raise OptionError(
+            f"{{opt:ddp_mesh}} expects RxS (replicas x shards), such as {{opt:ddp_mesh}} 2x2; got {text!r}"
+        )
+    if not any(value == "@mesh" for _, value in kwargs):
+        raise OptionError(
+            "{opt:ddp_mesh} shapes the @mesh a {opt:ddp_kwarg} passes, and none does; pass it, such as "
+            "{opt:ddp_kwarg} mesh=@mesh"
+        )
+    return int(r), int(s)
+
+
+def check_mesh_world_sizes(wrapper: DDPWrapper | None, sizes: Sequence[int], sizes_option: str) -> None:
+    """Raise ``OptionError`` when ``--ddp-mesh RxS`` fits none of the world ``sizes`` (R*S is none of them).
+
+    ``sizes_option`` is how the front end spells the option selecting world
+    sizes (``--world-sizes``). Sizes other than R*S are reported not
+    applicable by the checks themselves.
+    """
+    if wrapper is None or wrapper.mesh is None:
+        return
+    r, s = wrapper.mesh
+    if r * s not in sizes:
+        raise OptionError(
+            f"{{opt:ddp_mesh}} {r}x{s} makes a mesh of {r * s} ranks, and no selected world has {r * s} "
+            f"(world sizes {', '.join(map(str, sizes))}); select it, such as {sizes_option} {r * s}"
+        )
+
+
 def _choice(field: str, text: str | None, choices: tuple[str, ...]) -> str | None:
     if text is None or text in choices:
         return text
@@ -127,6 +170,8 @@ def parse_wrapper(
     ddp_after_backward: str | None = None,
     ddp_grad_attr: str | None = None,
     ddp_zero_grad: str | None = None,
+    ddp_start: str | None = None,
+    ddp_mesh: str | None = None,
 ) -> DDPWrapper | None:
     """The :class:`DDPWrapper` the ``--ddp-*`` options name, or None without ``ddp_fn``.
 
@@ -142,6 +187,8 @@ def parse_wrapper(
         "ddp_after_backward": ddp_after_backward is not None,
         "ddp_grad_attr": ddp_grad_attr is not None,
         "ddp_zero_grad": ddp_zero_grad is not None,
+        "ddp_start": ddp_start is not None,
+        "ddp_mesh": ddp_mesh is not None,
     }
     if ddp_fn is None:
         for field, present in given.items():
@@ -155,16 +202,20 @@ def parse_wrapper(
     if not sep or not module or not name:
         raise OptionError(f"{{opt:ddp_fn}} expects MODULE:NAME, such as {{opt:ddp_fn}} {_EXAMPLE}; got {ddp_fn!r}")
     output = parse_output_index("ddp_output", ddp_output, "the wrapped model")
+    kwargs = _keyword_pairs(ddp_kwargs)
+    start = _choice("ddp_start", ddp_start, STARTS)
     return DDPWrapper(
         fn=ddp_fn,
         method=_method_name("ddp_method", ddp_method, "setup_module"),
-        kwargs=_keyword_pairs(ddp_kwargs),
+        kwargs=kwargs,
         output=output,
         reduction=_choice("ddp_reduction", ddp_reduction, REDUCTIONS) or "mean",
         buffers=_choice("ddp_buffers", ddp_buffers, BUFFERS),
         after_backward=_method_name("ddp_after_backward", ddp_after_backward, "finish_grad_sync"),
         grad_attr=_method_name("ddp_grad_attr", ddp_grad_attr, "main_grad"),
         zero_grad=_method_name("ddp_zero_grad", ddp_zero_grad, "zero_grad_buffer"),
+        start=None if start == "broadcast" else start,
+        mesh=_mesh_shape(ddp_mesh, kwargs),
     )
 
 

@@ -138,6 +138,14 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     # Every DDPConfig field on and off, each with a fork that gets it wrong (issue 22); and the config's own checks.
     "broken_ddp_bucket_cap_divided_by_1024": [("ddp.bucket_cap_mb", _BUCKETS.format(got=24))],
     "broken_ddp_bucket_cap_times_1024": [("ddp.bucket_cap_mb", _BUCKETS.format(got=1))],
+    # Escapes the bucket check had (issue 29): a comm hook hid it; caps past a decade and None were not told apart.
+    "broken_ddp_hook_hides_dropped_cap": [("ddp.bucket_cap_mb", _BUCKETS.format(got=1))],
+    "broken_ddp_ignores_large_caps": [
+        ("ddp.bucket_cap_mb", r"bucket_cap_mb=\d+(\.\d+)?: rank \d's DDP has a bucket cap of 26214400 bytes")
+    ],
+    "broken_ddp_none_is_one_mib": [
+        ("ddp.bucket_cap_mb", r"bucket_cap_mb=None: rank \d's DDP has a bucket cap of 1048576 bytes, .* has 26214400")
+    ],
     "broken_ddp_find_unused_forced_on": [
         ("ddp.find_unused_parameters", r"find_unused_parameters=False: rank \d trained two iterations with an unused")
     ],

@@ -34,16 +34,14 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nemo_dist.conformance.ddp import op_ranks, ranks, training
+from nemo_dist.conformance.ddp import op_ranks, ranks, recompute, training
 from nemo_dist.conformance.ddp.entry_point import NotDDP
 from nemo_dist.conformance.ddp.expectations import (
-    CHECKPOINT_SCOPES,
     TOLERANCE_BF16,
     TOLERANCE_FLOAT64,
     TOLERANCE_TIGHT,
     assert_close_lists,
     assert_ranks_identical,
-    checkpoint_role,
     tolerance_for,
 )
 from nemo_dist.conformance.errors import NotApplicable
@@ -215,39 +213,47 @@ def broadcast_buffers(world: WorldLike, impl: Implementation) -> None:
                 )
 
 
-#: The smallest bucket cap drawn: 8 buckets of three 2 KiB parameters on the bucket model (DDP closes a bucket
-#: once it reaches the cap); the caps drawn go up to 1000 times it (one bucket).
-SMALLEST_BUCKET_CAP = 0.004
+#: The first cap checked: 8 buckets of three 2 KiB parameters on the bucket model (DDP closes a bucket once it
+#: reaches the cap). The caps drawn go from 0.001 MiB (a bucket per parameter) to 100 MiB, a decade per 10 steps.
+FIRST_BUCKET_CAP = 0.004
 
 
 def _bucket_cap(step: int) -> float:
-    """Cap number ``step`` of 0-30: ``SMALLEST_BUCKET_CAP * 10 ** (step / 10)``, to three significant digits."""
-    return float(f"{SMALLEST_BUCKET_CAP * 10 ** (step / 10):.3g}")
+    """Cap number ``step`` of 0-50: ``0.001 * 10 ** (step / 10)`` MiB, to three significant digits."""
+    return float(f"{0.001 * 10 ** (step / 10):.3g}")
 
 
 def _assert_torch_layout(world: WorldLike, impl: Implementation, cap: float | None) -> None:
     for rank, layouts in enumerate(world.run(ranks.bucket_layouts, impl, [cap], 2)):
         if isinstance(layouts, NotDDP):
             _not_a_ddp(world, layouts.returned, "compare buckets of", impl)
-        got, expected = layouts[repr(cap)]["got"], layouts[repr(cap)]["torch"]
+        found = layouts[repr(cap)]
+        got, expected = found["got"], found["torch"]
         torch_ddp = "torch's DistributedDataParallel" + ("" if cap is None else f"(bucket_cap_mb={cap})")
         assert got == expected, (
             f"bucket_cap_mb={cap}: rank {rank}'s DDP gave {len(got)} bucket(s), {torch_ddp} gives "
             f"{len(expected)} on the same model (24 float64 parameters of 2 KiB); is the cap forwarded to DDP, "
             f"in MiB? Parameter indices by bucket on step 2: {got}, torch's: {expected}"
         )
+        assert found["got_cap_bytes"] == found["torch_cap_bytes"], (
+            f"bucket_cap_mb={cap}: rank {rank}'s DDP has a bucket cap of {found['got_cap_bytes']} bytes, {torch_ddp} "
+            f"has {found['torch_cap_bytes']}"
+            + (" (torch's default)" if cap is None else "")
+            + "; is the cap forwarded to DDP as given, in MiB?"
+        )
 
 
 @check("ddp.bucket_cap_mb", tier="core", component="ddp")
 def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
-    """bucket_cap_mb gives torch DDP's own bucket layout for that cap (caps over three decades); None, its default."""
+    """bucket_cap_mb gives torch DDP's own buckets and cap, for caps from 0.001 to 100 MiB; None, its default."""
     # A cap first: where the entry point cannot take the field, that is what the verdict says.
-    _assert_torch_layout(world, impl, SMALLEST_BUCKET_CAP)
+    _assert_torch_layout(world, impl, FIRST_BUCKET_CAP)
     _assert_torch_layout(world, impl, None)
 
     @settings(max_examples=_examples(4))
-    @example(step=0)  # the smallest cap: 8 buckets
-    @given(step=st.integers(0, 30))
+    @example(step=0)  # 0.001 MiB: a bucket per parameter
+    @example(step=50)  # 100 MiB
+    @given(step=st.integers(0, 50))
     def drawn_cap(step: int) -> None:
         _assert_torch_layout(world, impl, _bucket_cap(step))
 
@@ -321,63 +327,23 @@ def static_graph(world: WorldLike, impl: Implementation) -> None:
         assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
 
 
-def _matmul_expectation(mode: bool | str, selected: bool, matmuls: int, forward: int) -> str | None:
-    """What is wrong with a block recomputing ``matmuls`` of its ``forward`` matmuls in backward, or None."""
-    if not selected:
-        return None if matmuls == 0 else "none (no recompute)"
-    if mode == "selective":
-        if matmuls < forward:
-            return None
-        return f"strictly fewer than {forward} (is 'selective' mapped to full checkpointing?)"
-    return None if matmuls == forward else f"all {forward} (full checkpointing recomputes every one)"
-
-
-def _check_recompute(
-    world: WorldLike, impl: Implementation, mode: bool | str, scopes: tuple[str, ...] = CHECKPOINT_SCOPES
-) -> None:
-    global_x = _global_batch(12, 2 * world.size)
-    results = world.run(op_ranks.checkpoint_recompute, impl, mode, list(scopes), global_x)
-    for rank, got in enumerate(results):
-        for scope in scopes:
-            run = got["scopes"][repr(scope)]
-            for block, (attn, mlp, matmuls, forward) in run["recomputed"].items():
-                selected, what = checkpoint_role(mode, got["trainable"][block], block.split(".")[0], scope)
-                ran_again = attn > 0 and mlp > 0
-                ran_never = attn == 0 and mlp == 0
-                where = f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: {block} ({what})"
-                assert ran_again if selected else ran_never, (
-                    f"{where} ran attn {attn}x and mlp {mlp}x during backward; expected "
-                    + ("at least once each (recompute)" if selected else "no recompute")
-                )
-                wrong = _matmul_expectation(mode, selected, matmuls, forward)
-                assert wrong is None, (
-                    f"{where} ran {matmuls} of its {forward} matmuls again during backward; expected {wrong}"
-                )
-            assert_close_lists(
-                run["grads"],
-                got["plain_grads"],
-                f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: gradients vs no checkpointing",
-                tolerance_for(got["dtype"], TOLERANCE_TIGHT),
-            )
-
-
 @check("ddp.activation_checkpointing_full", tier="core", component="ddp")
 def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> None:
     """Full checkpointing recomputes every matmul of exactly the selected trainable blocks, gradients unchanged."""
-    _check_recompute(world, impl, True)
-    _check_recompute(world, impl, "full", ("all", "language"))  # the same mode, spelled as a string
+    recompute.check_recompute(world, impl, True)
+    recompute.check_recompute(world, impl, "full", ("all", "language"))  # the same mode, spelled as a string
 
 
 @check("ddp.activation_checkpointing_off", tier="core", component="ddp")
 def activation_checkpointing_off(world: WorldLike, impl: Implementation) -> None:
     """activation_checkpointing=False (the default) recomputes no block, no matmul in backward, whatever the scope."""
-    _check_recompute(world, impl, False, ("all", "multimodal"))
+    recompute.check_recompute(world, impl, False, ("all", "multimodal"))
 
 
 @check("ddp.activation_checkpointing_selective", tier="core", component="ddp")
 def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
     """Selective checkpointing reruns exactly the selected trainable blocks, fewer matmuls than full; same grads."""
-    _check_recompute(world, impl, "selective")
+    recompute.check_recompute(world, impl, "selective")
 
 
 @check("ddp.autocast_dtype", tier="extended", component="ddp")

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nemo_dist.conformance.ddp.sharded import full
 from nemo_dist.conformance.ddp.wrapped import wrap
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import DDPWrapper, Implementation
@@ -160,8 +161,12 @@ def local_rows(global_batch: torch.Tensor, device: torch.device) -> torch.Tensor
 
 
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A detached CPU copy of ``tensor`` (always a copy, never an alias of a bucket or parameter)."""
-    return tensor.detach().to("cpu", copy=True)
+    """A detached CPU copy of ``tensor`` (always a copy, never an alias of a bucket or parameter).
+
+    A DTensor's copy is of its full tensor (:func:`~nemo_dist.conformance.ddp.sharded.full`): a collective,
+    so every rank copies the same tensors in the same order.
+    """
+    return full(tensor.detach()).to("cpu", copy=True)
 
 
 def params_of(model: nn.Module) -> list[torch.Tensor]:

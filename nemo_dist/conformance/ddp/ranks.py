@@ -178,22 +178,31 @@ def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list
 
 
 def _bucket_layout(wrapped: DistributedDataParallel, steps: int) -> list[list[int]]:
-    """The buckets a comm hook sees on step ``steps``, in bucket order: each the indices of its parameters."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    """DDP's buckets after step ``steps``, in bucket order: each the indices of its parameters.
 
+    Read from DDP's reducer, which holds them whatever comm hook the code under
+    test registered (torch >= 2.4 has the reader; without it, through a comm
+    hook of the check's own, which a DDP with a hook already refuses:
+    ``NotApplicable``). The steps run first, so DDP has rebuilt its buckets.
+    """
     positions = {p.data_ptr(): index for index, p in enumerate(wrapped.module.parameters())}
+    read = getattr(wrapped.reducer, "_get_zeros_like_grad_buckets", None)
     record: list[dict[int, list[int]]] = []
+    if read is None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
-        record[-1][bucket.index()] = [positions.get(p.data_ptr(), -1) for p in bucket.parameters()]
-        return allreduce_hook(state, bucket)
+        def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
+            record[-1][bucket.index()] = [positions.get(p.data_ptr(), -1) for p in bucket.parameters()]
+            return allreduce_hook(state, bucket)
 
-    observe_comm(wrapped, hook)
+        observe_comm(wrapped, hook)
     x = torch.ones(2, BUCKET_WIDTH, dtype=torch.float64, device=device_of(wrapped))
     for _ in range(steps):
         record.append({})
         wrapped(x).square().sum().backward()
         sgd_step(wrapped, 0.0)
+    if read is not None:
+        return [[positions.get(p.data_ptr(), -1) for p in bucket.parameters()] for bucket in read()]
     return [record[-1][index] for index in sorted(record[-1])]
 
 
@@ -205,7 +214,10 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
     ``steps`` (DDP has rebuilt its buckets by then: SPEC section 6): the
     buckets in order, each the indices of its parameters in
     ``model.parameters()`` order. Returns ``{repr(cap): {"got": layout,
-    "torch": layout}}``; torch's DDP is built on the device the entry point
+    "torch": layout, "got_cap_bytes": the DDP's ``bucket_bytes_cap``,
+    "torch_cap_bytes": torch's}}`` (the cap in bytes tells caps apart where
+    the layouts cannot: every cap over about 0.05 MiB gives one bucket on this
+    model); torch's DDP is built on the device the entry point
     put its model on, with ``bucket_cap_mb=cap`` (nothing for None) and the
     entry point's DDP's ``find_unused_parameters`` and
     ``gradient_as_bucket_view`` (the first changes when buckets are rebuilt).
@@ -226,7 +238,12 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
         plain = DistributedDataParallel(
             seeded(bucket_model, 2).to(device), device_ids=ddp_device_ids(device), **options
         )
-        layouts[repr(cap)] = {"got": _bucket_layout(wrapped, steps), "torch": _bucket_layout(plain, steps)}
+        layouts[repr(cap)] = {
+            "got": _bucket_layout(wrapped, steps),
+            "torch": _bucket_layout(plain, steps),
+            "got_cap_bytes": getattr(wrapped, "bucket_bytes_cap", None),
+            "torch_cap_bytes": plain.bucket_bytes_cap,
+        }
     return layouts
 
 

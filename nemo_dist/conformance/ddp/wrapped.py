@@ -33,10 +33,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from nemo_dist.conformance.ddp.mesh import world_mesh
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.implementation import DDPWrapper
 from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.needs_gpu import gpu_need
+from nemo_dist.conformance.symbols import Symbol
 from nemo_dist.conformance.wrapping import DDP_FIELD_KEYWORDS, accepts, call_arguments, receivers
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "ddp_inside",
     "environment_need",
     "field_keywords",
+    "filled_keywords",
     "gradients",
     "rank_device",
     "sgd",
@@ -124,6 +127,18 @@ def field_keywords(wrapper: DDPWrapper, fields: Mapping[str, Any]) -> dict[str, 
     return keywords
 
 
+def filled_keywords(wrapper: DDPWrapper) -> dict[str, Any]:
+    """The wrapper's ``--ddp-kwarg`` keywords with each ``@symbol`` filled on this rank (``@mesh``: the world's mesh).
+
+    Raises ``NotApplicable`` where this world cannot hold the ``--ddp-mesh`` mesh.
+    """
+    keywords = wrapper.call_kwargs()
+    for name, value in keywords.items():
+        if isinstance(value, Symbol) and value.name == "mesh":
+            keywords[name] = world_mesh(wrapper.mesh, rank_device().type)
+    return keywords
+
+
 def _picked(out: Any, wrapper: DDPWrapper) -> Any:
     if wrapper.output is None:
         return out
@@ -171,12 +186,13 @@ def environment_need(exc: BaseException, wrapper: DDPWrapper) -> str:
 def wrap(wrapper: DDPWrapper, model: nn.Module, fields: Mapping[str, Any] | None = None) -> Wrapped:
     """Move ``model`` to this rank's device and wrap it as ``wrapper`` says, with the keywords of ``fields``.
 
-    Raises ``NotSupported`` for a field the wrapper cannot take,
+    Raises ``NotSupported`` for a field the wrapper cannot take, ``NotApplicable``
+    where this world cannot hold the ``--ddp-mesh`` mesh,
     :class:`EnvironmentNeeded` when its failure says the world lacks CUDA or
     a launcher's variable, and what the wrapper raises otherwise.
     """
     found = _callable(wrapper.fn)
-    keywords = {**wrapper.call_kwargs(), **field_keywords(wrapper, fields or {})}
+    keywords = {**filled_keywords(wrapper), **field_keywords(wrapper, fields or {})}
     model = model.to(rank_device())
     try:
         if wrapper.method is not None:

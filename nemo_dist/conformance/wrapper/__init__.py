@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nemo_dist.conformance.ddp.mesh import mesh_mismatch
 from nemo_dist.conformance.ddp.ranks import warm_up
 from nemo_dist.conformance.deadlines import warm_up as warm_up_step
 from nemo_dist.conformance.errors import NotApplicable, NotSupported, OptionError
@@ -83,10 +84,16 @@ def first_call(world: Any, impl: Implementation, notes: list[str]) -> Implementa
     or a launcher's variable, that Python refuses the call's arguments, or
     whose return lacks a declared step-protocol method, is a usage error; another failure a note (the checks then report
     it, each). Otherwise notes say what came back in this world size and
-    what it holds. An implementation without a wrapper comes back as it is.
+    what it holds, and how each parameter is sharded where any is a DTensor.
+    A world that cannot hold the ``--ddp-mesh`` mesh gets a note and no call.
+    An implementation without a wrapper comes back as it is.
     """
     wrapper = impl.ddp_wrapper
     if wrapper is None:
+        return impl
+    mismatch = mesh_mismatch(wrapper.mesh, world.size)
+    if mismatch:
+        notes.append(f"{wrapper.label}: not called in this world: {mismatch}; its checks are not applicable here")
         return impl
     calls = warm_up_step(world, ranks.first_call, impl)
     if calls and all(c["need"] for c in calls):
@@ -115,6 +122,9 @@ def first_call(world: Any, impl: Implementation, notes: list[str]) -> Implementa
     if found["dtype"] != "torch.float64":
         note += f"; the float64 model's parameters became {found['dtype']}"
     notes.append(note)
+    if found["sharding"]:
+        notes.append(f"{wrapper.label}: in a world of {size} {ranks_word}, parameters on rank 0: "
+                     + "; ".join(found["sharding"]))
     return impl
 
 

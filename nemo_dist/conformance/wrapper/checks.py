@@ -124,6 +124,11 @@ def _examples() -> int:
 @check("wrapper.identical_start", tier="core", component="wrapper", min_world=2)
 def identical_start(world: WorldLike, impl: Implementation) -> None:
     """Ranks built with different initial weights all hold rank 0's once wrapped (by their first forward's end)."""
+    if _wrapper(impl).identical_start:
+        raise NotApplicable(
+            "--ddp-start identical declares that the wrapper expects identical weights on every rank (same seed "
+            "or a checkpoint load): every rank's model is built from one seed, and nothing is left to synchronise"
+        )
     results = world.run(ranks.start, impl, 7)
     with _explained(lambda: diagnosis.start_cause([r["own"] for r in results], [r["after"] for r in results])):
         for rank, got in enumerate(results[1:], start=1):

@@ -5,7 +5,10 @@ takes an ``Implementation`` naming a ``--ddp-fn`` wrapper and plain data,
 and returns plain data (CPU tensors, strings) for the parent to assert on.
 Models are float64 :class:`Linear` layers whose weights come from a seed;
 ranks start from different weights where a check says so (rank r from
-``seed + r``), and the reference copies start from rank 0's. Beside what
+``seed + r``; from ``seed`` on every rank when the wrapper is declared to
+expect an identical start, ``--ddp-start identical``), and the reference
+copies start from rank 0's. A sharded wrapper's DTensor parameters and
+gradients are compared and copied whole (:mod:`~nemo_dist.conformance.ddp.sharded`). Beside what
 the wrapper did, each function computes what the parent needs to name a
 likely cause: the rank's own local gradient, the exact full-batch one, and
 for ``no_sync`` the gradient of the synced micro-batch alone.
@@ -22,6 +25,7 @@ from torch import nn
 
 from nemo_dist.conformance.ddp.entry_point import cpu_copy, dtype_of, params_of
 from nemo_dist.conformance.ddp.models import DIM, _Buffered
+from nemo_dist.conformance.ddp.sharded import full, is_sharded, sharding
 from nemo_dist.conformance.ddp.wrapped import (
     EnvironmentNeeded,
     accumulating,
@@ -98,6 +102,11 @@ def _scale(reduction: str, size: int) -> float:
     return 1.0 / size if reduction == "mean" else 1.0
 
 
+def _own_seed(impl: Implementation, seed: int) -> int:
+    """The seed of this rank's initial weights: ``seed + rank``, or ``seed`` under a declared identical start."""
+    return seed if _wrapper(impl).identical_start else seed + dist.get_rank()
+
+
 def _context_name(context: Any) -> str:
     """How reports name an accumulation context of :func:`accumulating` (``no_sync``, else the sync switch)."""
     return getattr(context, "__name__", "set_requires_gradient_sync")
@@ -126,13 +135,14 @@ def _flat(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
 
 
 def start(impl: Implementation, seed: int) -> dict[str, Any]:
-    """Wrap a model built from ``seed + rank``; its parameters before, and after one forward without grad.
+    """Wrap a model built from ``seed + rank`` (``seed`` under an identical start); its parameters before and after.
+
+    After: after one forward without grad.
 
     ``own`` (before) is rounded to the dtype the parameters have after
     wrapping (``dtype``), so that a wrapper changing it compares as it should.
     """
-    rank = dist.get_rank()
-    model = Linear(seed + rank, "normal")
+    model = Linear(_own_seed(impl, seed), "normal")
     own = _flat(params_of(model))
     wrapped = wrap(_wrapper(impl), model)
     x = torch.ones(2, IN_FEATURES, dtype=dtype_of(model), device=rank_device())
@@ -152,12 +162,14 @@ def _copy_of(model: nn.Module, seed: int, kind: str) -> nn.Module:
     copy = Linear(seed, kind).to(rank_device(), dtype_of(model))
     with torch.no_grad():
         for mine, theirs in zip(copy.parameters(), model.parameters(), strict=True):
-            mine.copy_(theirs)
+            mine.copy_(full(theirs))
     return copy
 
 
 def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor, steps: int) -> dict[str, Any]:
     """Train ``steps`` SGD steps through the wrapper, ranks starting from ``seed + rank``; the reference beside.
+
+    Under a declared identical start every rank starts from ``seed``.
 
     Returns this rank's own initial weights (``own``, rounded to the
     wrapped model's dtype), the parameters after
@@ -167,10 +179,11 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
     the same parameters: this rank's own local gradient (``locals``) and the
     full-batch one under the declared reduction (``expected``). ``reference``
     is the full-batch run from rank 0's weights (parameters per step).
+    ``layout`` is ``(name, numel, is a DTensor)`` per parameter, in the flattened order.
     """
     wrapper = _wrapper(impl)
     rank, size = dist.get_rank(), dist.get_world_size()
-    model = Linear(seed + rank, kind)
+    model = Linear(_own_seed(impl, seed), kind)
     own = _flat(params_of(model))
     wrapped = wrap(wrapper, model)
     dtype, device = dtype_of(model), rank_device()
@@ -179,7 +192,8 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
     scale = _scale(wrapper.reduction, size)
     shares = [(_rows(data, r, size), scale) for r in range(size)]
     found: dict[str, Any] = {
-        "own": _as(own, dtype), "dtype": str(dtype), "params": [], "grads": [], "locals": [], "expected": []
+        "own": _as(own, dtype), "dtype": str(dtype), "params": [], "grads": [], "locals": [], "expected": [],
+        "layout": [(name, p.numel(), is_sharded([p])) for name, p in model.named_parameters()],
     }
     for step in range(steps):
         out = wrapped.trained(x)
@@ -283,11 +297,13 @@ def first_call(impl: Implementation) -> dict[str, Any]:
     ``refused`` (Python refused the call's arguments: the ``TypeError``),
     ``returned``, ``ddp_at`` and ``ddp`` (the DDP found and its settings),
     ``missing`` (step-protocol methods what came back lacks), ``dtype``
-    (the parameters' dtype after wrapping) and ``accumulates`` (``no_sync``,
-    ``set_requires_gradient_sync`` or "").
+    (the parameters' dtype after wrapping), ``accumulates`` (``no_sync``,
+    ``set_requires_gradient_sync`` or "") and ``sharding`` (how each parameter
+    is held, :func:`~nemo_dist.conformance.ddp.sharded.sharding`; empty when none is a DTensor).
     """
     found: dict[str, Any] = {
-        "error": "", "need": "", "refused": "", "missing": [], "returned": "", "ddp_at": "", "ddp": ""
+        "error": "", "need": "", "refused": "", "missing": [], "returned": "", "ddp_at": "", "ddp": "",
+        "sharding": [],
     }
     try:
         wrapped = wrap(_wrapper(impl), Linear(0, "integers"))
@@ -307,6 +323,7 @@ def first_call(impl: Implementation) -> dict[str, Any]:
         missing=missing,
         dtype=str(dtype_of(wrapped.model)),
         accumulates="" if context is None else _context_name(context),
+        sharding=sharding(wrapped.model) if is_sharded(wrapped.model.parameters()) else [],
     )
     if not missing:
         try:

@@ -1,0 +1,57 @@
+"""DTensor parameters and gradients seen whole, and how a model's parameters are sharded (rank side).
+
+A sharded wrapper (FSDP2's ``fully_shard``, HSDP) leaves a model's
+parameters and gradients as DTensors, each rank holding a shard of each; a
+module it left alone keeps plain tensors among them. The checks compare,
+copy and report whole tensors: :func:`full` is a DTensor's full tensor and
+anything else as it is. It is a collective for a DTensor: every rank must
+call it on the same tensors in the same order, as the rank functions do (they
+walk ``model.parameters()`` on every rank alike). :func:`sharding` says how
+each parameter is held, for the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+__all__ = ["full", "is_sharded", "sharding"]
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of ``tensor``: a DTensor's full tensor (a collective over its mesh), any other tensor itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def is_sharded(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether any of ``tensors`` is a DTensor."""
+    return any(isinstance(t, DTensor) for t in tensors)
+
+
+def _mesh_text(tensor: DTensor) -> str:
+    mesh = tensor.device_mesh
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    dims = ", ".join(f"{name}={size}" for name, size in zip(names, mesh.shape, strict=True))
+    return f"mesh ({dims})"
+
+
+def sharding(model: nn.Module) -> list[str]:
+    """How each parameter of ``model`` is held on this rank, one line each.
+
+    A DTensor: its placements, its mesh's dimensions (name=size) and its local
+    shape against its full one (``weight: DTensor (Shard(dim=0),) over mesh
+    (dp_shard=2), local [1, 4] of [2, 4]``); a plain tensor: its shape.
+    """
+    lines = []
+    for name, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            local = list(p.to_local().shape)
+            lines.append(
+                f"{name}: DTensor {tuple(p.placements)} over {_mesh_text(p)}, local {local} of {list(p.shape)}"
+            )
+        else:
+            lines.append(f"{name}: plain tensor {list(p.shape)}")
+    return lines
