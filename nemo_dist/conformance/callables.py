@@ -25,7 +25,8 @@ from typing import Any
 from nemo_dist.conformance import signature
 from nemo_dist.conformance.errors import MissingParameter, OptionError
 from nemo_dist.conformance.implementation import GROUP_PARAMETERS, Implementation
-from nemo_dist.conformance.symbols import INIT_SYMBOLS, SYMBOLS, value_of
+from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.symbols import FACTORY_TEXT, INIT_SYMBOLS, SYMBOLS, value_of
 
 __all__ = [
     "check_call",
@@ -41,11 +42,14 @@ _P = inspect.Parameter
 
 
 def parse_keyword_pairs(items: Sequence[str], field: str, symbols: Sequence[str], example: str) -> dict[str, str]:
-    """``NAME=VALUE`` texts of option ``field`` as ``{name: stored text}``: a literal's repr, or ``@symbol``.
+    """``NAME=VALUE`` texts of option ``field`` as ``{name: stored text}``: a literal's repr, ``@symbol`` or
+    ``MODULE:NAME()``.
 
     ``symbols`` are the ``@names`` the option takes (none: every VALUE is a
-    literal). ``OptionError`` for a malformed item, a name given twice, an
-    unknown symbol, or a VALUE that is not a Python literal.
+    literal or a factory). ``MODULE:NAME()`` names a callable each rank calls
+    once with no arguments; it is imported here to fail early. ``OptionError``
+    for a malformed item, a name given twice, an unknown symbol, a factory
+    that does not import or cannot be called, or a VALUE that is none of these.
     """
     either = " or an @symbol" if symbols else ""
     pairs: dict[str, str] = {}
@@ -59,6 +63,13 @@ def parse_keyword_pairs(items: Sequence[str], field: str, symbols: Sequence[str]
             )
         if name in pairs:
             raise OptionError(f"{{opt:{field}}} names {name!r} twice; give each keyword once")
+        if FACTORY_TEXT.fullmatch(text):
+            try:
+                resolve_callable(text[:-2], "mypackage.envs:make_environment", "a factory")
+            except OptionError as exc:
+                raise OptionError(f"{{opt:{field}}} {item!r}: {exc.template}") from None
+            pairs[name] = text
+            continue
         if symbols and text.startswith("@"):
             if text[1:] not in symbols:
                 known = ", ".join(f"@{s}" for s in symbols)
@@ -70,8 +81,8 @@ def parse_keyword_pairs(items: Sequence[str], field: str, symbols: Sequence[str]
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise OptionError(
                 f"{{opt:{field}}} {item!r}: {text!r} is not a Python literal (a number, string, "
-                f"True/False/None, tuple, list or dict of them){' nor an @symbol' if symbols else ''}; "
-                f"quote a string: {name}='text'"
+                f"True/False/None, tuple, list or dict of them){', an @symbol' if symbols else ''} nor "
+                f"MODULE:NAME() (a factory each rank calls); quote a string: {name}='text'"
             ) from None
         pairs[name] = repr(value)
     return pairs

@@ -16,7 +16,10 @@ from typing import Any
 
 from nemo_dist.conformance.errors import OptionError
 
-__all__ = ["import_path", "resolve_callable"]
+__all__ = ["import_path", "made", "resolve_callable"]
+
+#: What each ``MODULE:NAME()`` factory returned in this process, by ``MODULE:NAME``.
+_MADE: dict[str, Any] = {}
 
 
 def import_path(path: str) -> ModuleType:
@@ -62,3 +65,15 @@ def resolve_callable(
     if not callable(found):
         raise OptionError(f"{spec!r} is a {type(found).__name__}, not {what}")
     return found
+
+
+def made(path: str) -> Any:
+    """What the factory ``path`` (``MODULE:NAME``) returns when called with no arguments: called once per process.
+
+    A rank fills a ``MODULE:NAME()`` option value with it, so every call of the
+    code under test on that rank gets the same object. Raises what
+    :func:`resolve_callable` raises, or what the factory raises.
+    """
+    if path not in _MADE:
+        _MADE[path] = resolve_callable(path, "mypackage.envs:make_environment", "a factory")()
+    return _MADE[path]

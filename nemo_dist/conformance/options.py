@@ -77,19 +77,20 @@ OPTIONS: tuple[Option, ...] = (
         "--gather-kwarg", metavar="NAME=VALUE", repeatable=True,
         help="a keyword passed on every call of {opt:gather_fn} (and {opt:no_grad_fn}), VALUE a Python literal, such "
         "as {opt:gather_kwarg} dim=0, or a symbol filled per call: @out_buffers (W empty tensors like x), @row_sizes "
-        "(every rank's rows), @world_size, @rank, @group; a *args name spreads a list; repeatable (group= and "
-        "uneven= are the checks' to pass)",
+        "(every rank's rows), @world_size, @rank, @group, or MODULE:NAME() (a factory each rank calls once); a "
+        "*args name spreads a list; repeatable (group= and uneven= are the checks' to pass)",
         docs=(Doc(_NAMES, "a keyword passed on every call of the callable (and `--no-grad-fn`), VALUE a Python "
-                          "literal or a symbol filled per call (`@out_buffers`, `@row_sizes` ...); repeatable (see "
-                          '"Any signature" below)'),),
+                          "literal, a symbol filled per call (`@out_buffers`, `@row_sizes` ...) or `MODULE:NAME()` "
+                          '(a factory each rank calls once); repeatable (see "Any signature" below)'),),
     ),
     Option(
         "--gather-init", metavar="NAME=VALUE", repeatable=True,
         help="{opt:gather_fn} names a class (an nn.Module, say) built once per rank with this keyword, then called: "
-        "such as {opt:gather_init} dim=0; VALUE a Python literal or @group/@rank/@world_size; repeatable",
+        "such as {opt:gather_init} dim=0; VALUE a Python literal, @group/@rank/@world_size or MODULE:NAME(); "
+        "repeatable",
         docs=(Doc(_NAMES, "the callable is a class (an `nn.Module`, say): built once per rank with this keyword, "
-                          "then the object is called; VALUE a Python literal or `@group`, `@rank`, `@world_size`; "
-                          "repeatable"),),
+                          "then the object is called; VALUE a Python literal, `@group`, `@rank`, `@world_size` or "
+                          "`MODULE:NAME()`; repeatable"),),
     ),
     Option(
         "--gather-output", metavar="INDEX",
@@ -130,12 +131,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--ddp-kwarg", metavar="NAME=VALUE", repeatable=True,
         help="a keyword passed on every call of {opt:ddp_fn} (its constructor with {opt:ddp_method}), VALUE a Python "
-        "literal or @mesh (the world's DeviceMesh, built on each rank); repeatable (the DDP fields are the field "
-        "checks' to pass)",
+        "literal, a symbol filled on each rank (@mesh: the world's DeviceMesh; @device: this rank's torch.device; "
+        "@devices: every rank's, in rank order; @rank; @world_size) or MODULE:NAME() (a factory each rank calls "
+        "once); repeatable (the DDP fields are the field checks' to pass)",
         docs=(Doc(_WRAPPER, "a keyword passed on every call (to the constructor with `--ddp-method`), VALUE a Python "
-                            "literal, or `@mesh`: the world's `DeviceMesh` (`init_device_mesh` on the backend's "
-                            "device type, `cpu` under gloo), built on each rank; repeatable. The five DDP fields are "
-                            "the field checks' to pass (below), so naming one is a usage error"),),
+                            "literal; a symbol filled on each rank: `@mesh` (the world's `DeviceMesh`, "
+                            "`init_device_mesh` on the backend's device type, `cpu` under gloo), `@device` (this "
+                            "rank's `torch.device`: its GPU under nccl, the CPU under gloo), `@devices` (every "
+                            "rank's, in rank order: a strategy's `parallel_devices`), `@rank`, `@world_size`; or "
+                            "`MODULE:NAME()`, an importable factory each rank calls once with no arguments (a "
+                            "cluster environment, a handler); repeatable. The five DDP fields are the field checks' "
+                            "to pass (below), so naming one is a usage error"),),
     ),
     Option(
         "--ddp-output", metavar="INDEX", help="{opt:ddp_fn} returns a tuple or list with the model at INDEX",

@@ -27,6 +27,7 @@ CUDA, so a forked rank may initialise it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import pickle
@@ -91,10 +92,15 @@ def _fork_rank(control: socket.socket, wakeup: tuple[int, int], request: tuple[A
 
 def _preload(modules: list[str]) -> None:
     """Import each of ``modules`` once, here in the server; an import error is left for the rank to meet."""
-    for name in modules:
-        if name not in sys.modules:
-            with contextlib.suppress(Exception, SystemExit):
-                importlib.import_module(name)
+    missing = [name for name in modules if name not in sys.modules]
+    for name in missing:
+        with contextlib.suppress(Exception, SystemExit):
+            importlib.import_module(name)
+    if missing:
+        # What is imported now lives in every rank forked later: kept out of the collector's reach, a rank's
+        # collections neither walk it nor write to its pages (each write would copy a page into the rank).
+        gc.collect()
+        gc.freeze()
 
 
 def _reap(control: socket.socket) -> None:

@@ -58,6 +58,11 @@ GALLERY: dict[str, Row] = {
         notes=("returned ModuleProxyWrapper, a DistributedDataParallel at .module",),
     ),
     "lightning": Row(_fn("lightning:DDPStrategy", ddp_method="setup_module")),
+    "device_strategy": Row(_fn(
+        "device_strategy:DDPStrategy",
+        ddp_method="setup_module",
+        ddp_kwargs=["parallel_devices=@devices", f"cluster_environment={G}device_strategy:LocalEnvironment()"],
+    )),
     "colossalai": Row(
         _fn("colossalai:TorchDDPPlugin", ddp_method="configure", ddp_output="0"),
         notes=("returned TorchDDPModel, a DistributedDataParallel at .module",),
@@ -256,13 +261,22 @@ def test_ddp_field_checks_reach_a_wrapper_through_its_keywords(name: str, world_
         (_fn("detectron2:create_ddp_model", ddp_after_backward="finish_grad_sync"),
          "ddp_after_backward finish_grad_sync: what tests.forks.gallery_ddp_detectron2:create_ddp_model returned "
          "(DistributedDataParallel) has no method 'finish_grad_sync'"),
+        (_fn("device_strategy:DDPStrategy", ddp_method="setup_module"),
+         "tests.forks.gallery_ddp_device_strategy:DDPStrategy().setup_module(model) cannot start: wrapping the model "
+         "raised on every rank of a world of 2: AssertionError at "),
+        (_fn("device_strategy:DDPStrategy", ddp_method="setup_module", ddp_kwargs=["parallel_devices=@devices"]),
+         "assert self.cluster_environment is not None; give what it needs with ddp_kwarg (a Python literal; a "
+         "symbol filled on each rank: @device, @devices, @rank, @world_size, @mesh; or MODULE:NAME() for an object "
+         "each rank makes)"),
     ],
-    ids=["needs-cuda", "needs-launcher-variable", "returned-object-lacks-method"],
+    ids=["needs-cuda", "needs-launcher-variable", "returned-object-lacks-method", "cannot-start-without-devices",
+         "cannot-start-without-environment"],
 )
 def test_what_only_a_first_call_shows_is_a_usage_error_in_one_line(
     options: dict[str, Any], message: str, world_factory: WorldFactory
 ) -> None:
-    """A wrapper needing CUDA or a launcher's variable, or lacking a declared method, stops the run before any check."""
+    """A wrapper needing CUDA or a launcher's variable, lacking a declared method, or whose wrapping raises (it
+    cannot start) stops the run before any check, in one line."""
     with pytest.raises(OptionError) as raised:
         _run(options, world_factory, sizes=(2,))
     assert message in str(raised.value)

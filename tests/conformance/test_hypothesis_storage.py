@@ -193,8 +193,12 @@ COMMAND = ("-m", "nemo_dist.conformance", "--world-sizes", "1", "-k", "gather", 
            "--max-examples", "3")
 
 
-@pytest.mark.parametrize(("extra", "in_cache"), [((), True), (("--hypothesis-db", "none"), False)],
-                         ids=["default", "none"])
+@pytest.mark.parametrize(
+    ("extra", "in_cache"),
+    # "none" in process: test_no_database_keeps_no_example_and_writes_nothing_in_the_cwd
+    [((), True), pytest.param(("--hypothesis-db", "none"), False, marks=pytest.mark.thorough)],
+    ids=["default", "none"],
+)
 def test_command_writes_no_hypothesis_directory_in_the_cwd(
     extra: tuple[str, ...], in_cache: bool, tmp_path: Path
 ) -> None:

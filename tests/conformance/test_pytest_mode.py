@@ -124,6 +124,7 @@ def test_a_failing_check_prints_the_pytest_line_that_reproduces_it_alone() -> No
     assert _failing_example(again.stdout) == example, again.stdout
 
 
+@pytest.mark.thorough  # the command's run: test_signatures; the pytest options come from the same table
 def test_gather_call_options_make_a_sized_gather_checkable_under_pytest() -> None:
     """--conformance-gather-kwarg dim=0 and --conformance-gather-output 0 call gather_with_sizes as the command does."""
     result = _pytest_conformance(
@@ -159,6 +160,7 @@ def test_bad_gather_call_options_are_pytest_usage_errors(
     assert message in result.stderr.str()
 
 
+@pytest.mark.thorough  # the command's: test_signatures; the option is worded per front end from one table
 def test_a_hidden_missing_parameter_fails_with_the_option_to_fill_it() -> None:
     """Behind a decorator hiding dim, each failing test names the parameter and --conformance-gather-kwarg."""
     result = _pytest_conformance(
@@ -196,6 +198,7 @@ def test_a_ddp_fn_wrapper_fails_under_pytest_with_its_likely_cause() -> None:
     assert "1 failed, 1 passed" in result.stdout, result.stdout
 
 
+@pytest.mark.thorough  # both front ends read these options from one table (test_option_table); the command runs them
 def test_ddp_fn_step_options_reach_the_checks_under_pytest() -> None:
     """The same wrapper declared with --conformance-ddp-reduction sum conforms; so does a Megatron-style wrapper
     stepped through --conformance-ddp-after-backward, -grad-attr and -zero-grad."""

@@ -63,11 +63,21 @@ G = "tests.forks.gallery_ddp_"
          "--ddp-grad-attr expects a name, such as --ddp-grad-attr main_grad"),
         (["--ddp-fn", G + "yolov5:smart_DDP", "--check", "ddp.bucket_cap_mb[DDPManager]"],
          "no entry point 'DDPManager' for this check; use ddp.bucket_cap_mb"),
+        (["--ddp-fn", G + "device_strategy:DDPStrategy", "--ddp-method", "setup_module", "--ddp-kwarg",
+          "cluster_environment=tests.forks.no_such:make()"],
+         "--ddp-kwarg 'cluster_environment=tests.forks.no_such:make()': module 'tests.forks.no_such' does not import"),
+        (["--ddp-fn", G + "device_strategy:DDPStrategy", "--ddp-method", "setup_module", "--ddp-kwarg",
+          "cluster_environment=math:pi()"],
+         "--ddp-kwarg 'cluster_environment=math:pi()': 'math:pi' is a float, not a factory"),
+        (["--ddp-fn", G + "device_strategy:DDPStrategy", "--ddp-method", "setup_module", "--ddp-kwarg",
+          "parallel_devices=@gpus"],
+         "'@gpus' is no symbol; the symbols are @mesh, @device, @devices, @rank, @world_size"),
     ],
     ids=["no-colon", "unimportable", "not-callable", "ddp-and-ddp-fn", "method-alone", "reduction-alone",
          "method-of-a-function", "no-such-method", "required-parameter", "kwarg-not-taken", "kwarg-a-ddp-field",
          "kwarg-not-a-literal", "kwarg-without-value", "output-not-an-index", "reduction", "buffers",
-         "after-backward-missing", "grad-attr-not-a-name", "check-entry-point"],
+         "after-backward-missing", "grad-attr-not-a-name", "check-entry-point", "factory-unimportable",
+         "factory-not-callable", "unknown-symbol"],
 )
 def test_ddp_fn_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -154,3 +164,21 @@ def test_a_mean_over_three_ranks_is_not_claimed_exact() -> None:
     run = exact_training(weight.tolist(), bias.tolist(), ranks.batch(seed, kind, rows * 3).tolist(), 3, STEPS,
                          ranks.LR, "mean")
     assert not run.exact
+
+
+def test_a_factory_value_is_made_once_per_rank_for_gather_and_wrapper_calls() -> None:
+    """``MODULE:NAME()`` is stored as text, then called once per process: every call gets the same object."""
+    from nemo_dist.conformance.ddp.wrapped import filled_keywords
+    from nemo_dist.conformance.gather.calls import filled
+    from nemo_dist.conformance.implementation import DDPWrapper
+    from nemo_dist.conformance.symbols import Factory, value_of
+
+    text = G + "device_strategy:LocalEnvironment()"
+    assert value_of(text) == Factory(G + "device_strategy:LocalEnvironment")
+    assert value_of(repr(text)) == text  # a quoted string stays a string
+    wrapper = DDPWrapper(fn=G + "device_strategy:DDPStrategy", method="setup_module",
+                         kwargs=(("cluster_environment", text),))
+    first, second = filled_keywords(wrapper), filled_keywords(wrapper)
+    gathered = filled({"environment": value_of(text)}, None, None)
+    assert type(first["cluster_environment"]).__name__ == "LocalEnvironment"
+    assert first["cluster_environment"] is second["cluster_environment"] is gathered["environment"]

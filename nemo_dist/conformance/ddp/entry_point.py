@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nemo_dist.conformance.ddp.sharded import full
+from nemo_dist.conformance.ddp.templates import seeded_template
 from nemo_dist.conformance.ddp.wrapped import wrap
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import DDPWrapper, Implementation
@@ -57,9 +58,12 @@ _M = TypeVar("_M", bound=nn.Module)
 
 
 def seeded(factory: Callable[[], _M], seed: int, dtype: torch.dtype = torch.float64) -> _M:
-    """``factory()`` built under ``torch.manual_seed(seed)`` (the same weights on every rank), cast to ``dtype``."""
-    torch.manual_seed(seed)
-    return factory().to(dtype)
+    """``factory()`` built under ``torch.manual_seed(seed)`` (the same weights on every rank), cast to ``dtype``.
+
+    Built once per rank and copied after (:func:`~nemo_dist.conformance.ddp.templates.seeded_template`):
+    a new object every call, the generator left as building leaves it.
+    """
+    return seeded_template(factory, seed, dtype)
 
 
 class FunctionEntryPoint:

@@ -20,6 +20,7 @@ __all__ = [
     "assert_close_lists",
     "assert_ranks_identical",
     "checkpoint_role",
+    "lists_plainly_close",
     "tolerance_for",
 ]
 
@@ -51,18 +52,52 @@ def _plainly_close(a: Any, e: Any, tolerance: dict[str, float]) -> bool:
     NaN never close); as it costs far more per call, it is asked only where
     this is False, to decide and word the failure.
     """
+    if not _comparable(a, e):
+        return False
+    return bool(torch.isclose(a, e, rtol=tolerance["rtol"], atol=tolerance["atol"]).all())
+
+
+def _comparable(a: Any, e: Any) -> bool:
+    """Whether ``a`` and ``e`` are strided floating-point tensors of one dtype, shape and device."""
     if not (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)):
         return False
     if (a.dtype, a.shape, a.device, a.layout) != (e.dtype, e.shape, e.device, e.layout) or a.layout != torch.strided:
         return False
-    if not a.dtype.is_floating_point:
+    return a.dtype.is_floating_point
+
+
+def lists_plainly_close(actual: list[Any], expected: list[Any], tolerance: dict[str, float]) -> bool:
+    """Whether two lists of tensors (None allowed) agree pairwise by :func:`_plainly_close`, in one comparison.
+
+    The same rule as asking each pair, without a comparison per pair: every
+    pair is flattened into one vector per dtype. False (ask pair by pair) when
+    the lists differ in length, a None is unpaired, or a pair differs in dtype,
+    shape, device or layout.
+    """
+    if len(actual) != len(expected):
         return False
-    return bool(torch.isclose(a, e, rtol=tolerance["rtol"], atol=tolerance["atol"]).all())
+    flat: dict[Any, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for a, e in zip(actual, expected, strict=True):
+        if a is None or e is None:
+            if a is not e:
+                return False
+            continue
+        if not _comparable(a, e):
+            return False
+        pairs = flat.setdefault((a.dtype, a.device), ([], []))
+        pairs[0].append(a.reshape(-1))
+        pairs[1].append(e.reshape(-1))
+    return all(
+        bool(torch.isclose(torch.cat(a), torch.cat(e), rtol=tolerance["rtol"], atol=tolerance["atol"]).all())
+        for a, e in flat.values()
+    )
 
 
 def assert_close_lists(actual: list[Any], expected: list[Any], what: str, tolerance: dict[str, float]) -> None:
     """Assert two lists of tensors (None allowed) agree within ``tolerance``; messages start with ``what``."""
     assert len(actual) == len(expected), f"{what}: {len(actual)} tensors, expected {len(expected)}"
+    if lists_plainly_close(actual, expected, tolerance):
+        return
     for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
         if a is None or e is None:
             assert a is e, f"{what}: tensor {index} is {a!r}, expected {e!r}"

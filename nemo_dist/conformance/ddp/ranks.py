@@ -197,12 +197,16 @@ def _bucket_layout(wrapped: DistributedDataParallel, steps: int) -> list[list[in
 
         observe_comm(wrapped, hook)
     x = torch.ones(2, BUCKET_WIDTH, dtype=torch.float64, device=device_of(wrapped))
-    for _ in range(steps):
+    for _ in range(steps - 1):
         record.append({})
         wrapped(x).square().sum().backward()
         sgd_step(wrapped, 0.0)
+    record.append({})
+    loss = wrapped(x).square().sum()
     if read is not None:
+        # DDP rebuilds its buckets before a step's forward: they are already the ones this step's backward uses.
         return [[positions.get(p.data_ptr(), -1) for p in bucket.parameters()] for bucket in read()]
+    loss.backward()
     return [record[-1][index] for index in sorted(record[-1])]
 
 

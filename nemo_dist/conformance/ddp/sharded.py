@@ -12,23 +12,33 @@ each parameter is held, for the report.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["full", "is_sharded", "sharding"]
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of ``tensor``: a DTensor's full tensor (a collective over its mesh), any other tensor itself."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
 
 
 def is_sharded(tensors: Iterable[torch.Tensor]) -> bool:
     """Whether any of ``tensors`` is a DTensor."""
-    return any(isinstance(t, DTensor) for t in tensors)
+    return any(_is_dtensor(t) for t in tensors)
+
+
+def _is_dtensor(value: Any) -> TypeGuard[DTensor]:
+    # Importing torch.distributed.tensor costs most of a second (sympy); where nothing imported it, nothing is one.
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
 
 
 def _mesh_text(tensor: DTensor) -> str:
@@ -47,7 +57,7 @@ def sharding(model: nn.Module) -> list[str]:
     """
     lines = []
     for name, p in model.named_parameters():
-        if isinstance(p, DTensor):
+        if _is_dtensor(p):
             local = list(p.to_local().shape)
             lines.append(
                 f"{name}: DTensor {tuple(p.placements)} over {_mesh_text(p)}, local {local} of {list(p.shape)}"

@@ -36,9 +36,9 @@ from torch.nn.parallel import DistributedDataParallel
 from nemo_dist.conformance.ddp.mesh import world_mesh
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.implementation import DDPWrapper
-from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.importing import made, resolve_callable
 from nemo_dist.conformance.needs_gpu import gpu_need
-from nemo_dist.conformance.symbols import Symbol
+from nemo_dist.conformance.symbols import Factory, Symbol
 from nemo_dist.conformance.wrapping import DDP_FIELD_KEYWORDS, accepts, call_arguments, receivers
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "gradients",
     "rank_device",
     "sgd",
+    "world_devices",
     "wrap",
 ]
 
@@ -97,8 +98,17 @@ def _callable(spec: str) -> Any:
 
 def rank_device() -> torch.device:
     """This rank's device: its GPU (``rank % count``) under NCCL with CUDA, else the CPU."""
+    return _device_of_rank(dist.get_rank())
+
+
+def world_devices() -> list[torch.device]:
+    """Every rank's device (:func:`rank_device` of each), in rank order."""
+    return [_device_of_rank(rank) for rank in range(dist.get_world_size())]
+
+
+def _device_of_rank(rank: int) -> torch.device:
     if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
-        return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+        return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
@@ -127,15 +137,33 @@ def field_keywords(wrapper: DDPWrapper, fields: Mapping[str, Any]) -> dict[str, 
     return keywords
 
 
+def _symbol_value(name: str, wrapper: DDPWrapper) -> Any:
+    """What ``@name`` of :data:`~nemo_dist.conformance.symbols.WRAPPER_SYMBOLS` is on this rank."""
+    if name == "mesh":
+        return world_mesh(wrapper.mesh, rank_device().type)
+    if name == "device":
+        return rank_device()
+    if name == "devices":
+        return world_devices()
+    if name == "rank":
+        return dist.get_rank()
+    if name == "world_size":
+        return dist.get_world_size()
+    raise ValueError(f"unknown symbol @{name}")
+
+
 def filled_keywords(wrapper: DDPWrapper) -> dict[str, Any]:
-    """The wrapper's ``--ddp-kwarg`` keywords with each ``@symbol`` filled on this rank (``@mesh``: the world's mesh).
+    """The wrapper's ``--ddp-kwarg`` keywords filled on this rank: each ``@symbol`` (``@mesh``: the world's mesh;
+    ``@device``, ``@devices``, ``@rank``, ``@world_size``) and each ``MODULE:NAME()`` (called once per rank).
 
     Raises ``NotApplicable`` where this world cannot hold the ``--ddp-mesh`` mesh.
     """
     keywords = wrapper.call_kwargs()
     for name, value in keywords.items():
-        if isinstance(value, Symbol) and value.name == "mesh":
-            keywords[name] = world_mesh(wrapper.mesh, rank_device().type)
+        if isinstance(value, Symbol):
+            keywords[name] = _symbol_value(value.name, wrapper)
+        elif isinstance(value, Factory):
+            keywords[name] = made(value.path)
     return keywords
 
 

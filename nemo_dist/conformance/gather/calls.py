@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_dist.conformance.symbols import Symbol
+from nemo_dist.conformance.importing import made
+from nemo_dist.conformance.symbols import Factory, Symbol
 
 __all__ = ["filled", "landed", "world_group"]
 
@@ -63,9 +64,13 @@ def filled(values: Mapping[str, Any], x: Any, group: Any) -> dict[str, Any]:
     """``values`` with each symbol replaced by its value for a call on ``x`` over ``group``.
 
     ``@row_sizes`` is a collective of ``group`` (every member fills it, in
-    the same call); the others are local.
+    the same call); the others are local. A ``MODULE:NAME()`` factory is called
+    once per rank (:func:`~nemo_dist.conformance.importing.made`).
     """
-    return {k: _value(v.name, x, group) if isinstance(v, Symbol) else v for k, v in values.items()}
+    return {
+        k: _value(v.name, x, group) if isinstance(v, Symbol) else made(v.path) if isinstance(v, Factory) else v
+        for k, v in values.items()
+    }
 
 
 def _async_type() -> type | None:

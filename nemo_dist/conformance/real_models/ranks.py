@@ -25,7 +25,6 @@ model, so the parent can import it without ``transformers`` installed.
 
 from __future__ import annotations
 
-import copy
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -280,20 +279,9 @@ def _count_forward(module: nn.Module, calls: dict[str, int], key: str) -> None:
     module.forward = forward
 
 
-#: Each architecture's seeded float64 model as built, kept per rank: building a transformers model costs far more
-#: than copying one, and every check of a world builds the same few several times.
-_TEMPLATES: dict[str, nn.Module] = {}
-
-
-def _template(arch: Architecture) -> nn.Module:
-    if arch.class_name not in _TEMPLATES:
-        _TEMPLATES[arch.class_name] = seeded(arch.build, _MODEL_SEED)
-    return _TEMPLATES[arch.class_name]
-
-
 def _build(arch: Architecture) -> tuple[nn.Module, dict[str, _Block]]:
     """The seeded float64 model in training mode with its frozen block, and its blocks (a fresh copy each call)."""
-    model = copy.deepcopy(_template(arch))
+    model = seeded(arch.build, _MODEL_SEED)
     model.train()
     blocks = _blocks(model, arch)
     blocks[arch.frozen].module.requires_grad_(False)
@@ -309,15 +297,20 @@ def _loss(arch: Architecture, wrapped: nn.Module, model: nn.Module) -> torch.Ten
 
 
 # ------------------------------------------------------------------------- rank checks
-def warm_up(architectures: list[str]) -> str:
+def warm_up(architectures: list[str]) -> dict[str, str | None]:
     """Import ``transformers`` and build each of ``architectures`` once: the template later models are copied from.
 
-    A warm-up step: the first import costs seconds. Returns the version of
-    ``transformers`` on the rank.
+    A warm-up step: the first import costs seconds. Returns ``{"transformers":
+    its version, "import_error": None}``, or the version None and the import's
+    error as ``"Type: message"`` where this rank cannot import it.
     """
+    try:
+        version = str(_transformers().__version__)
+    except ImportError as error:
+        return {"transformers": None, "import_error": f"{type(error).__name__}: {error}"}
     for name in architectures:
-        _template(ARCHITECTURES[name])
-    return str(_transformers().__version__)
+        seeded(ARCHITECTURES[name].build, _MODEL_SEED)
+    return {"transformers": version, "import_error": None}
 
 
 def recompute_counts(

@@ -77,13 +77,31 @@ def _ddp_note(found: dict[str, Any]) -> str:
     return f"a DistributedDataParallel at {found['ddp_at']}{settings}"
 
 
+def _cannot_start(label: str, ranks_failed: list[int], size: int, error: str) -> str:
+    """The usage error of a wrapper whose wrapping raised: on which ranks, the error, and what may fix it."""
+    where = "every rank" if len(ranks_failed) == size else "rank" + ("s " if len(ranks_failed) > 1 else " ") + \
+        ", ".join(map(str, ranks_failed))
+    hint = (
+        "give what it needs with {opt:ddp_kwarg} (a Python literal; a symbol filled on each rank: @device, @devices, "
+        "@rank, @world_size, @mesh; or MODULE:NAME() for an object each rank makes), or name a callable that wraps "
+        "the model as it is"
+    )
+    if size == 1:
+        hint += "; if it needs 2 or more ranks, leave 1 out of the world sizes"
+    first = error.splitlines()[0] if error else "an error without a message"
+    return f"{{opt:ddp_fn}} {label} cannot start: wrapping the model raised on {where} of a world of {size}: " \
+        f"{first}; {hint}"
+
+
 def first_call(world: Any, impl: Implementation, notes: list[str]) -> Implementation:
     """Wrap and step a small model once on every rank; raise ``OptionError`` where the options cannot work.
 
     A wrapper whose first call says on every rank that the world lacks CUDA
     or a launcher's variable, that Python refuses the call's arguments, or
-    whose return lacks a declared step-protocol method, is a usage error; another failure a note (the checks then report
-    it, each). Otherwise notes say what came back in this world size and
+    whose return lacks a declared step-protocol method, is a usage error; so
+    is one whose wrapping raises on any rank (it cannot start: no check could
+    run). A wrapper that wraps and then fails its first step gets a note, and
+    the checks report the failure, each. Otherwise notes say what came back in this world size and
     what it holds, and how each parameter is sharded where any is a DTensor.
     A world that cannot hold the ``--ddp-mesh`` mesh gets a note and no call.
     An implementation without a wrapper comes back as it is.
@@ -110,6 +128,9 @@ def first_call(world: Any, impl: Implementation, notes: list[str]) -> Implementa
         raise OptionError(
             f"{{opt:{field}}} {name}: what {wrapper.fn} returned ({calls[0]['returned']}) has no method {name!r}"
         )
+    unwrapped = [rank for rank, c in enumerate(calls) if not c["wrapped"]]
+    if unwrapped:
+        raise OptionError(_cannot_start(wrapper.label, unwrapped, len(calls), calls[unwrapped[0]]["error"]))
     failed = [(rank, c["error"]) for rank, c in enumerate(calls) if c["error"]]
     if failed:
         rank, error = failed[0]

@@ -16,6 +16,7 @@ for ``no_sync`` the gradient of the synced micro-batch alone.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -289,10 +290,23 @@ def buffer_views(impl: Implementation) -> dict[str, Any]:
     return {"seen": [float(seen.reshape(-1)[0]) for seen in model.seen]}
 
 
+def _raised(exc: BaseException) -> str:
+    """``Type: message``; where the message is empty (a bare ``assert``), where it was raised and its line."""
+    message = str(exc).strip()
+    if message:
+        return f"{type(exc).__name__}: {message}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {last.filename}:{last.lineno}: {(last.line or '').strip()}"
+
+
 def first_call(impl: Implementation) -> dict[str, Any]:
     """One wrap and training step of a small model on this rank: what came back, what it lacks, what failed.
 
-    Keys: ``error`` (``Type: message`` of a failure, "" without), ``need``
+    Keys: ``error`` (``Type: message`` of a failure, "" without), ``wrapped``
+    (whether the wrapping itself returned: False when ``error`` is its), ``need``
     (the one-line message when the world lacks CUDA or a launcher variable),
     ``refused`` (Python refused the call's arguments: the ``TypeError``),
     ``returned``, ``ddp_at`` and ``ddp`` (the DDP found and its settings),
@@ -302,15 +316,15 @@ def first_call(impl: Implementation) -> dict[str, Any]:
     is held, :func:`~nemo_dist.conformance.ddp.sharded.sharding`; empty when none is a DTensor).
     """
     found: dict[str, Any] = {
-        "error": "", "need": "", "refused": "", "missing": [], "returned": "", "ddp_at": "", "ddp": "",
-        "sharding": [],
+        "error": "", "wrapped": False, "need": "", "refused": "", "missing": [], "returned": "", "ddp_at": "",
+        "ddp": "", "sharding": [],
     }
     try:
         wrapped = wrap(_wrapper(impl), Linear(0, "integers"))
     except EnvironmentNeeded as exc:
         return {**found, "need": str(exc), "error": f"{type(exc.__cause__).__name__}: {exc.__cause__}"}
     except Exception as exc:
-        return {**found, "error": f"{type(exc).__name__}: {str(exc).strip()}", "refused": call_refused(exc)}
+        return {**found, "error": _raised(exc), "refused": call_refused(exc)}
     wrapper = wrapped.wrapper
     missing = [
         (field, name)
@@ -319,6 +333,7 @@ def first_call(impl: Implementation) -> dict[str, Any]:
     ]
     context = accumulating(wrapped)
     found.update(
+        wrapped=True,
         returned=wrapped.returned,
         missing=missing,
         dtype=str(dtype_of(wrapped.model)),
