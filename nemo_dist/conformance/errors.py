@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-__all__ = ["OPTION_FIELDS", "MissingParameter", "NotApplicable", "NotSupported", "OptionError"]
+__all__ = ["OPTION_FIELDS", "ChosenByCode", "MissingParameter", "NotApplicable", "NotSupported", "OptionError"]
 
 #: Option fields an :class:`OptionError` message may name (as ``{opt:FIELD}``).
 OPTION_FIELDS: tuple[str, ...] = (
@@ -30,6 +30,15 @@ class NotSupported(Exception):
 
 class NotApplicable(Exception):
     """The check cannot apply to what the implementation did (no DDP object at world size 1, say)."""
+
+
+class ChosenByCode(NotApplicable):
+    """Not applicable because of what the code under test chose, not the world size or the environment.
+
+    A DDP field check that finds no DDP object to inspect, or a comm hook of
+    the code's own in the way of its observation. Reported as not applicable;
+    a strict run blocks on it (a strict run demands the whole contract).
+    """
 
 
 class OptionError(ValueError):

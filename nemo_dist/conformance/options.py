@@ -218,7 +218,10 @@ OPTIONS: tuple[Option, ...] = (
         pytest=PytestVariant(type=int, help="hypothesis examples per check (default: the active hypothesis profile's)"),
     ),
     Option(
-        "--strict", flag=True, help="fail on any failing or unsupported check, not only core", front_ends=_COMMAND_ONLY
+        "--strict", flag=True,
+        help="fail on any failing or unsupported check, not only core, and on a check not applicable because of "
+        "what the code under test chose (no DDP object to inspect, a comm hook of its own)",
+        front_ends=_COMMAND_ONLY
     ),
     Option(
         "--junit-xml", metavar="PATH", help="also write a JUnit XML report to PATH",

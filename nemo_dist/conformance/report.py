@@ -45,7 +45,7 @@ def _label(v: Verdict, strict: bool) -> str:
 def _reason_text(message: str) -> str:
     """The first line of a reason, without the exception name that carried it."""
     line = _first_line(message)
-    for prefix in ("NotApplicable: ", "NotSupported: ", "SkipTest: "):
+    for prefix in ("NotApplicable: ", "ChosenByCode: ", "NotSupported: ", "SkipTest: "):
         line = line.removeprefix(prefix)
     return line
 
@@ -195,7 +195,8 @@ def _reasons(report: Report) -> list[str]:
         reasons: dict[tuple[str, str], list[Verdict]] = {}
         for v in _ordered(report):
             if v.outcome == outcome:
-                reasons.setdefault((v.check, _reason_text(v.message)), []).append(v)
+                chosen = " (the code's own choice: blocks --strict)" if v.chosen else ""
+                reasons.setdefault((v.check, _reason_text(v.message) + chosen), []).append(v)
         if reasons:
             lines += ["", title]
             lines += [f"  {_short(same)}: {reason}" for (_, reason), same in reasons.items()]

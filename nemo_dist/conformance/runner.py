@@ -114,6 +114,7 @@ def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, na
             cause=found.cause,
             traceback=found.traceback,
             findings=found.findings,
+            chosen=found.chosen,
         )
     return verdict("pass")
 

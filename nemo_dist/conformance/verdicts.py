@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nemo_dist.conformance.deadlines import StepAborted, StepBroke, StepHung
-from nemo_dist.conformance.errors import NotApplicable, NotSupported
+from nemo_dist.conformance.errors import ChosenByCode, NotApplicable, NotSupported
 from nemo_dist.conformance.explain import Finding, crashed_ranks, find, grouped, rank_failure
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.target import COMPONENTS
@@ -58,6 +58,8 @@ class Verdict:
     warnings: tuple[str, ...] = ()
     traceback: str = ""
     findings: tuple[Finding, ...] = ()
+    #: A "not applicable" caused by the code under test's own choice (:class:`ChosenByCode`): blocks a strict run.
+    chosen: bool = False
 
     @property
     def failed(self) -> bool:
@@ -92,11 +94,12 @@ class Report:
     def blocking(self, strict: bool = False) -> list[Verdict]:
         """The verdicts that make the run fail.
 
-        Core failures and hangs always; with ``strict``, any failure or hang
-        and any "not supported" (a strict run demands the whole contract).
+        Core failures and hangs always; with ``strict``, any failure or hang,
+        any "not supported", and any "not applicable" the code under test
+        chose (a strict run demands the whole contract).
         """
         if strict:
-            return [v for v in self.verdicts if v.failed or v.outcome == "not supported"]
+            return [v for v in self.verdicts if v.failed or v.outcome == "not supported" or v.chosen]
         return [v for v in self.verdicts if v.failed and v.tier == "core"]
 
     def exit_code(self, strict: bool = False) -> int:
@@ -123,17 +126,22 @@ def is_not_supported(exc: BaseException) -> bool:
 
 
 def is_not_applicable(exc: BaseException) -> bool:
-    """Whether ``exc`` says "not applicable": a ``NotApplicable``, or every rank raising one."""
-    return _raised_everywhere(exc, NotApplicable)
+    """Whether ``exc`` says "not applicable": a ``NotApplicable`` (``ChosenByCode`` too), or every rank raising one."""
+    return _raised_everywhere(exc, NotApplicable, ChosenByCode)
 
 
-def _raised_everywhere(exc: BaseException, kind: type[Exception]) -> bool:
-    if isinstance(exc, kind):
+def is_chosen_by_code(exc: BaseException) -> bool:
+    """Whether ``exc`` says "not applicable" for the code under test's own choice, here or on every rank."""
+    return _raised_everywhere(exc, ChosenByCode)
+
+
+def _raised_everywhere(exc: BaseException, *kinds: type[Exception]) -> bool:
+    if isinstance(exc, kinds):
         return True
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
         return all(
-            isinstance(text, str) and f"rank {rank} raised {kind.__name__}:" in text
+            isinstance(text, str) and any(f"rank {rank} raised {kind.__name__}:" in text for kind in kinds)
             for rank, text in failures.items()
         )
     return False
@@ -159,6 +167,7 @@ class Classified:
     cause: str = ""
     traceback: str = ""
     findings: tuple[Finding, ...] = ()
+    chosen: bool = False
 
 
 def _group(group: BaseException, failures: list[BaseException]) -> Classified:
@@ -199,7 +208,7 @@ def classify(exc: BaseException) -> Classified:
         if is_not_supported(exc):
             return Classified("not supported", _reason(exc))
         if is_not_applicable(exc):
-            return Classified("not applicable", _reason(exc))
+            return Classified("not applicable", _reason(exc), chosen=is_chosen_by_code(exc))
     failures = grouped(exc)
     if failures:
         return _group(exc, failures)

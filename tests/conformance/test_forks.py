@@ -414,6 +414,11 @@ def test_upstream_faithful_fork_conforms_and_reports_upstreams_extended_findings
     not_applicable = {v.check.split("[")[0] for v in report.verdicts if v.outcome == "not applicable"}
     assert {"ddp.bucket_cap_mb", "ddp.gradient_as_bucket_view", "ddp.static_graph"} <= not_applicable, table
     assert "DeprecationWarning: DDPManager is deprecated" in table
+    # No DDP in a world of one is its own choice (the contract wraps there too): not applicable, blocking --strict.
+    chosen = {(v.check.split("[")[0], v.world_size) for v in report.verdicts if v.chosen}
+    assert ("ddp.bucket_cap_mb", 1) in chosen, table
+    assert all(v.outcome == "not applicable" and v.world_size == 1 for v in report.verdicts if v.chosen), table
+    assert report.exit_code(strict=True) == 1, table
 
 
 @pytest.mark.parametrize("fork", _params(["upstream_faithful_bf16_ddp"]))

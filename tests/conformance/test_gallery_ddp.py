@@ -222,6 +222,15 @@ FIELD_RUNS: dict[str, tuple[dict[str, Any], dict[str, tuple[str, str]]]] = {
             "ddp.broadcast_buffers": ("fail", "broadcast_buffers=True: rank 1's buffer after init is 1, expected 0"),
         },
     ),
+    # static_graph through **kwargs: checked on a model checkpointing itself (no activation_checkpointing= to pass).
+    "mmengine": (
+        GALLERY["mmengine"].options,
+        {"ddp.static_graph": ("pass", "")},
+    ),
+    "drops_static_graph": (
+        {"ddp_fn": "tests.forks.gallery_ddp_drops_static_graph:wrap"},
+        {"ddp.static_graph": ("fail", "checkpointed: the DDP object's static_graph is False on rank 0, expected True")},
+    ),
     "hand_written": (
         GALLERY["hand_written"].options,
         {"ddp.bucket_cap_mb": ("not supported", "takes no bucket_cap_mb= keyword")},

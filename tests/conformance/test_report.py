@@ -66,13 +66,18 @@ def test_failure_section_shows_example_and_first_ten_message_lines() -> None:
         ((_verdict("x", "not supported", tier="extended"),), False, 0),
         ((_verdict("x", "not supported", tier="extended"),), True, 1),
         ((_verdict("x", "skipped"), _verdict("y", "pass")), True, 0),
+        ((_verdict("x", "not applicable"),), True, 0),
+        ((_verdict("x", "not applicable", chosen=True),), False, 0),
+        ((_verdict("x", "not applicable", chosen=True),), True, 1),
     ],
-    ids=["core-fail", "extended-fail", "extended-fail-strict", "not-supported", "not-supported-strict", "skip-strict"],
+    ids=["core-fail", "extended-fail", "extended-fail-strict", "not-supported", "not-supported-strict", "skip-strict",
+         "not-applicable-strict", "chosen-not-applicable", "chosen-not-applicable-strict"],
 )
 def test_exit_code_blocks_on_core_failures_or_anything_under_strict(
     verdicts: tuple[Verdict, ...], strict: bool, code: int
 ) -> None:
-    """Core failures exit 1; extended failures and not-supported only under --strict."""
+    """Core failures exit 1; extended failures, not-supported and a not-applicable the code chose only under
+    --strict (a not-applicable of the world size never)."""
     assert _report(*verdicts).exit_code(strict) == code
 
 

@@ -44,7 +44,7 @@ from nemo_dist.conformance.ddp.expectations import (
     assert_ranks_identical,
     tolerance_for,
 )
-from nemo_dist.conformance.errors import NotApplicable
+from nemo_dist.conformance.errors import ChosenByCode
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, check
 from nemo_dist.testing.strategies import ddp_configs
@@ -93,12 +93,12 @@ _BASIC_CONFIGS: list[dict[str, Any]] = [
 def _not_a_ddp(world: WorldLike, returned: str, what: str, impl: Implementation) -> None:
     """Raise: not applicable in a world of one (upstream returns the model there) or for a wrapper, else a failure."""
     if impl.ddp_wrapper is not None:
-        raise NotApplicable(
+        raise ChosenByCode(
             f"{impl.ddp_wrapper.fn} returned {returned}, with no DistributedDataParallel driving the model inside "
             f"(itself, at .module): no DDP object to {what}"
         )
     if world.size == 1:
-        raise NotApplicable(
+        raise ChosenByCode(
             f"the entry point returned {returned}, not DistributedDataParallel, in a world of one rank "
             f"(as upstream does): no DDP object to {what}"
         )

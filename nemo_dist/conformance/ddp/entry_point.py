@@ -23,7 +23,7 @@ from torch import nn
 from nemo_dist.conformance.ddp.sharded import full
 from nemo_dist.conformance.ddp.templates import seeded_template
 from nemo_dist.conformance.ddp.wrapped import wrap
-from nemo_dist.conformance.errors import NotApplicable
+from nemo_dist.conformance.errors import ChosenByCode
 from nemo_dist.conformance.implementation import DDPWrapper, Implementation
 
 __all__ = [
@@ -114,7 +114,7 @@ def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
 
 
 def observe_comm(ddp: Any, hook: Callable[..., Any]) -> None:
-    """Register a check's observing comm ``hook`` on ``ddp``; ``NotApplicable`` when it already has one.
+    """Register a check's observing comm ``hook`` on ``ddp``; ``ChosenByCode`` (not applicable) when it has one.
 
     DDP takes one comm hook: a DDP whose code under test registered its own
     (a float16 compression hook, say) cannot be observed through another.
@@ -124,7 +124,7 @@ def observe_comm(ddp: Any, hook: Callable[..., Any]) -> None:
     except RuntimeError as exc:
         if "can only be called once" not in str(exc):
             raise
-        raise NotApplicable(
+        raise ChosenByCode(
             "the DDP already has a comm hook (the code under test registered one) and takes no second: its "
             "buckets cannot be observed through the check's own"
         ) from None

@@ -37,7 +37,9 @@ from nemo_dist.conformance.ddp.entry_point import (
     sgd_step,
     square_loss,
 )
-from nemo_dist.conformance.ddp.models import _SometimesUnused, _TinyModel
+from nemo_dist.conformance.ddp.models import _SelfCheckpointed, _SometimesUnused, _TinyModel
+from nemo_dist.conformance.ddp.wrapped import field_keywords
+from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.implementation import Implementation
 
 __all__ = ["contrastive_identity", "static_graph_training", "train_config"]
@@ -51,11 +53,25 @@ def _train(wrapped: nn.Module, model: nn.Module, x: torch.Tensor, steps: int, lr
     return params_of(model)
 
 
+def _checkpointed_setting(impl: Implementation) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The checkpointed model of the static-graph check and the fields of its static and dynamic runs."""
+    fields = {"activation_checkpointing": True}
+    if impl.ddp_wrapper is not None:
+        try:
+            field_keywords(impl.ddp_wrapper, fields)
+        except NotSupported:  # the wrapper cannot checkpoint: the model does it itself
+            return _SelfCheckpointed, {}, {}
+    return _TinyModel, fields, fields
+
+
 def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: int) -> dict[str, Any] | NotDDP:
     """Train with ``static_graph=True`` and without it, in two settings.
 
-    ``checkpointed``: the tiny model with checkpointed blocks; ``unused``: a model
-    with a parameter that is never used (the non-static run uses
+    ``checkpointed``: the tiny model with checkpointed blocks (through
+    ``activation_checkpointing=True``; a ``--ddp-fn`` wrapper taking no such
+    keyword, one that passes ``static_graph`` through ``**kwargs``, say, gets a
+    model whose blocks checkpoint themselves); ``unused``: a model with a
+    parameter that is never used (the non-static run uses
     ``find_unused_parameters=True``).  Returns for each the DDP objects'
     ``static_graph`` attributes (``static_graph=True`` and the default), the
     parameters of both runs after ``steps`` and the error DDP raised in the
@@ -64,7 +80,7 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
     """
     runs: dict[str, Any] = {}
     settings = {
-        "checkpointed": (_TinyModel, {"activation_checkpointing": True}, {"activation_checkpointing": True}),
+        "checkpointed": _checkpointed_setting(impl),
         "unused": (_SometimesUnused, {}, {"find_unused_parameters": True}),
     }
     for name, (factory, static_extra, dynamic_extra) in settings.items():
