@@ -113,6 +113,9 @@ GALLERY: dict[str, Row] = {
     "no_sync_drops": Row(
         _fn("no_sync_drops:DataParallel"), 1, frozenset({"wrapper.no_sync_accumulates"}), CAUSES["no_sync_lost"]
     ),
+    "no_sync_communicates": Row(
+        _fn("no_sync_communicates:DataParallel"), 1, frozenset({"wrapper.no_sync_skips_reduction"})
+    ),
     "bf16_reduce": Row(
         _fn("bf16_reduce:DataParallel"),
         1,
@@ -197,6 +200,18 @@ def test_buffers_are_reported_as_found_and_held_to_a_declaration(name: str, worl
     }[name]
     assert verdict.outcome == expected[0], table
     assert expected[1] in verdict.message, table
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_buffers_synced_from_another_rank_than_zero_fail_a_synced_declaration(
+    size: int, world_factory: WorldFactory
+) -> None:
+    """Every rank is judged, rank 0 included: buffers broadcast from the last rank are not "synced"."""
+    options = _fn("buffers_from_last_rank:DataParallel", ddp_buffers="synced")
+    report, table = _run(options, world_factory, ("wrapper.buffers_as_declared",), (size,))
+    (verdict,) = report.verdicts
+    assert verdict.outcome == "fail", table
+    assert "--ddp-buffers synced was declared, but buffers were neither synced from rank 0 nor local" in verdict.message
 
 
 #: (row options, ddp checks run in a world of 2, check -> (outcome, text its message holds)).

@@ -209,14 +209,35 @@ def no_sync_accumulates(world: WorldLike, impl: Implementation) -> None:
         _assert_accumulates(world, impl, kind, seed, rows)
 
 
+@check("wrapper.no_sync_skips_reduction", tier="core", component="wrapper", min_world=2)
+def no_sync_skips_reduction(world: WorldLike, impl: Implementation) -> None:
+    """Under no_sync() (or set_requires_gradient_sync(False)) a backward runs no gradient reduction on any rank."""
+    wrapper = _wrapper(impl)
+    kind, seed, rows = FIXED_EXAMPLES[0]
+    results = world.run(ranks.accumulation, impl, seed, kind, _micro_batches(seed, kind, rows, world.size, 3))
+    if results[0]["offered"] is None:
+        raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
+    for rank, got in enumerate(results):
+        ran = got["unsynced_reductions"]
+        assert not ran, (
+            f"rank {rank}: 2 backward passes under {got['offered']} ran {len(ran)} gradient reduction(s) "
+            f"({', '.join(sorted(set(ran)))}); skipping them is what {got['offered']} is for (the gradient may "
+            "still come out right: reducing each micro-batch and summing equals reducing the sum)"
+        )
+
+
 def _buffer_finding(seen: Sequence[Sequence[float]]) -> str:
-    """What the buffers each rank's forwards saw say: synced, local, synced at construction only, or other."""
-    later = list(enumerate(seen))[1:]
-    if all(s == [0.0, 10.0] for _, s in later):
+    """What the buffers each rank's forwards saw say: synced, local, synced at construction only, or other.
+
+    Every rank is judged, rank 0 included: buffers synced from another rank
+    than 0 are "other" (rank 0 then sees that rank's values, not its own).
+    """
+    ranks_seen = list(enumerate(seen))
+    if all(s == [0.0, 10.0] for _, s in ranks_seen):
         return "synced"
-    if all(s == [float(r), float(r + 10)] for r, s in later):
+    if all(s == [float(r), float(r + 10)] for r, s in ranks_seen):
         return "local"
-    if all(s == [0.0, float(r + 10)] for r, s in later):
+    if all(s == [0.0, float(r + 10)] for r, s in ranks_seen):
         return "synced at construction only"
     return "other"
 
@@ -226,7 +247,7 @@ _FINDINGS = {
     "local": "local: every rank's forwards saw its own buffers",
     "synced at construction only": "synced at construction only: the first forward saw rank 0's buffers, "
     "the second each rank's own (changed in between)",
-    "other": "neither synced nor local",
+    "other": "neither synced from rank 0 nor local",
 }
 
 

@@ -16,8 +16,9 @@ for ``no_sync`` the gradient of the synced micro-batch alone.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ __all__ = [
     "buffer_views",
     "first_call",
     "initial_weights",
+    "reductions",
     "start",
     "train",
 ]
@@ -230,7 +232,9 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
     declared), the reduced gradient of the synced micro-batch alone
     (``last_only``), the local accumulation plus the reduced last
     micro-batch (``unreduced_accumulation``) and this rank's accumulation
-    with no reduction at all (``local_accumulation``). Every rank starts from ``seed``.
+    with no reduction at all (``local_accumulation``), and the gradient
+    reductions the backend ran during the unsynced micro-batches
+    (``unsynced_reductions``: :func:`reductions`). Every rank starts from ``seed``.
     """
     wrapper = _wrapper(impl)
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -245,14 +249,16 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
     # graph on its first iteration and asserts inside torch when that iteration runs under no_sync (torch 2.13).
     backward(wrapped, _loss(wrapped.trained(_rows(batches[0], rank, size))))
     clear(wrapped)
+    unsynced: list[str] = []
     for m, data in enumerate(batches):
         x = _rows(data, rank, size)
         if m < len(batches) - 1:
-            with context():
+            with context(), reductions() as ran:
                 backward(wrapped, _loss(wrapped.trained(x)), sync=False)
+            unsynced += ran
         else:
             backward(wrapped, _loss(wrapped.trained(x)))
-    found: dict[str, Any] = {"offered": _context_name(context), "dtype": str(dtype)}
+    found: dict[str, Any] = {"offered": _context_name(context), "dtype": str(dtype), "unsynced_reductions": unsynced}
     found["grad"] = _flat(gradients(wrapped))
     clear(wrapped)
     reference = Linear(seed, kind).to(device, dtype)
@@ -266,6 +272,30 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
     own_last = [(_rows(batches[-1], rank, size), 1.0)]
     found["local_accumulation"] = _flat(_plain_grads(reference, own_earlier + own_last))
     return found
+
+
+#: Backend-level collective names (the profiler's ``gloo:`` and ``nccl:`` events, one per collective) that reduce.
+_REDUCING = ("reduce",)
+
+
+@contextlib.contextmanager
+def reductions() -> Iterator[list[str]]:
+    """The reducing collectives (all-reduce, reduce-scatter, reduce) the backend runs inside, by their event names.
+
+    Read from torch's profiler, which records each collective the process
+    group runs, whether Python or DDP's C++ reducer issued it; filled when
+    the block exits. Broadcasts and all-gathers (buffers, sharded
+    parameters) are not reductions and are left out.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    found: list[str] = []
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        yield found
+    found += [
+        e.name for e in profiler.events()
+        if e.name.startswith(("gloo:", "nccl:")) and any(word in e.name for word in _REDUCING)
+    ]
 
 
 def buffer_views(impl: Implementation) -> dict[str, Any]:
