@@ -28,7 +28,9 @@ from nemo_dist.testing.plugin import WorldFactory
 
 G = "tests.forks.gallery_fsdp_"
 MESH = ["mesh=@mesh"]
-TRAINING = frozenset({"wrapper.trains_like_one_process", "wrapper.no_sync_accumulates"})
+TRAINING = frozenset(
+    {"wrapper.trains_like_one_process", "wrapper.no_sync_accumulates", "wrapper.trains_a_nested_model"}
+)
 #: The checks whose failure a row's cause must name (the others may name another, or none).
 CAUSED = frozenset({"wrapper.trains_like_one_process", "wrapper.identical_start"})
 

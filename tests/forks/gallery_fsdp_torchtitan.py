@@ -31,6 +31,9 @@ def shard_blocks_then_root(model: nn.Module, mesh: Any, **kwargs: Any) -> FSDPMo
 
 def apply_fsdp(model: nn.Module, mesh: Any) -> nn.Module:
     """Shard ``model`` over ``mesh`` block by block, gradients summed over the ranks (divide factor 1)."""
-    sharded = shard_blocks_then_root(model, mesh)
-    sharded.set_gradient_divide_factor(1.0)
+    shard_blocks_then_root(model, mesh)
+    # The factor is a setting of each FSDP module's own parameters: set on every one, not the root alone.
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
     return model

@@ -29,11 +29,16 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, assert_close_lists, tolerance_for
+from nemo_dist.conformance.ddp.expectations import (
+    TOLERANCE_FLOAT64,
+    assert_close_lists,
+    lists_plainly_close,
+    tolerance_for,
+)
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import DDPWrapper, Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.wrapper import diagnosis, ranks
+from nemo_dist.conformance.wrapper import diagnosis, nested, ranks
 from nemo_dist.conformance.wrapper.exact import exact_training
 
 __all__ = [
@@ -42,7 +47,9 @@ __all__ = [
     "identical_start",
     "keeps_dtype",
     "no_sync_accumulates",
+    "no_sync_skips_reduction",
     "ranks_stay_identical",
+    "trains_a_nested_model",
     "trains_like_one_process",
     "world_of_one_trains",
 ]
@@ -224,6 +231,31 @@ def no_sync_skips_reduction(world: WorldLike, impl: Implementation) -> None:
             f"({', '.join(sorted(set(ran)))}); skipping them is what {got['offered']} is for (the gradient may "
             "still come out right: reducing each micro-batch and summing equals reducing the sum)"
         )
+
+
+@check("wrapper.trains_a_nested_model", tier="core", component="wrapper")
+def trains_a_nested_model(world: WorldLike, impl: Implementation) -> None:
+    """A model shaped like real ones (root parameter, embedding, norm, buffer, dropout, keyword argument) trains in
+    train mode as one process does on the full batch, every parameter of it, on every rank."""
+    results = world.run(nested.nested_training, impl)
+    for rank, got in enumerate(results):
+        evaluated = [i for i, (model, dropout) in enumerate(got["modes"]) if not (model and dropout)]
+        assert not evaluated, (
+            f"rank {rank}: forward {evaluated[0] + 1} ran in eval mode (model.training, dropout.training = "
+            f"{got['modes'][evaluated[0]]}); a wrapper must leave the model in the train mode it was given"
+        )
+        tolerance = _tolerance(got["dtype"])
+        for step, (params, reference) in enumerate(zip(got["params"], got["reference"], strict=True), start=1):
+            if lists_plainly_close(params, reference, tolerance):
+                continue
+            for name, mine, expected in zip(got["names"], params, reference, strict=True):
+                assert_close_lists(
+                    [mine], [expected],
+                    f"rank {rank}, after step {step} of {nested.NESTED_STEPS}: parameter {name} vs one process "
+                    "trained on the full batch (a wrapper syncing only some parameters, only nn.Linear layers or "
+                    "only the root module's own, leaves the others to drift)",
+                    tolerance,
+                )
 
 
 def _buffer_finding(seen: Sequence[Sequence[float]]) -> str:
