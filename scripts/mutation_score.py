@@ -6,15 +6,27 @@ The mutants are cosmic-ray's (its core operators, at every site they apply
 to in the module; ``pip install -e '.[mutation]'``). A seeded sample of them
 is drawn; each is written into a private copy of the package, and the
 conformance command of the module's component runs on that copy, strictly
-(``--tier all --strict``): any failing, hanging or unsupported check kills
-the mutant. Printed per mutant: KILLED (the checks that failed), SURVIVED
-(with its diff), or EQUIVALENT (with the reason: a mutant that changes only
-a type annotation, which ``from __future__ import annotations`` never
-evaluates, is found here; the others are listed in ``EXPLAINED`` below, each
-with why it cannot change behaviour, or why a CPU run cannot observe it). A
-mutant that does not compile is killed without a run (nothing imports it).
-Then the totals and the time taken. Exit 0 when no unexplained mutant
-survived, 1 otherwise, 2 on a usage error.
+(``--tier all --strict``, world sizes 1-3 by default, so the subgroup
+checks run): any failing, hanging or unsupported check, or a check not
+applicable by the code's own choice, kills the mutant. Printed per mutant:
+
+* KILLED (the checks that failed);
+* SURVIVED (with its diff);
+* UNJUDGED: the run ended in a usage error (exit 2) or a timeout, so no
+  check judged the mutant; it is not a kill, and it counts against the run
+  as a survivor does;
+* EQUIVALENT (with the reason: a mutant that changes only a type annotation,
+  which ``from __future__ import annotations`` never evaluates, is found
+  here; the others are listed in ``EXPLAINED`` below, each with why it cannot
+  change behaviour);
+* NOT OBSERVABLE ON CPU (with why): an ``EXPLAINED`` entry whose reason starts
+  with :data:`CPU_UNOBSERVABLE` (a CUDA-only path); the gpu tests are where
+  such a mutant is judged.
+
+A mutant that does not compile is killed without a run (nothing imports it).
+Then the totals and the time taken, and with ``--write-readme`` the module's
+row of the README's table is rewritten from them. Exit 0 when every mutant
+was killed or explained, 1 otherwise, 2 on a usage error.
 
 The checkout's own files are never modified.
 """
@@ -48,6 +60,11 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
         "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
     ),
 }
+
+#: How an EXPLAINED reason says the mutant changes only what a CPU run cannot observe.
+CPU_UNOBSERVABLE = "CUDA only (not observable on CPU)"
+#: The README table the script writes, between these markers: one row per module.
+README_TABLE = ("<!-- mutation-table -->", "<!-- /mutation-table -->")
 
 _CUDA_INDEX = "CUDA only (not observable on CPU): the GPU index of an NCCL rank with CUDA; the gpu tests check it"
 
@@ -265,7 +282,7 @@ def judge(copy: Path, options: tuple[str, ...], world_sizes: str, max_examples: 
     if done.returncode == 0:
         return ""
     if done.returncode == 2:
-        return "usage error: " + (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        return "USAGE ERROR: " + (done.stderr.strip().splitlines() or ["(no message)"])[-1]
     failed = _failed_checks(done.stdout)
     return "; ".join(failed[:4]) + (f" (+{len(failed) - 4} more)" if len(failed) > 4 else "") or (
         f"exit {done.returncode}: " + (done.stderr.strip().splitlines() or ["(no message)"])[-1]
@@ -277,7 +294,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("module", help=f"the module to mutate: one of {', '.join(COMPONENT_OPTIONS)}")
     parser.add_argument("--sample", type=int, default=25, help="mutants drawn (default 25; 0: every mutant)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
-    parser.add_argument("--world-sizes", default="1,2", help="world sizes of each conformance run (default 1,2)")
+    parser.add_argument("--world-sizes", default="1,2,3", help="world sizes of each conformance run (default 1,2,3)")
+    parser.add_argument("--write-readme", action="store_true", help="rewrite the module's row of the README's table")
     parser.add_argument("--max-examples", type=int, default=10, help="hypothesis examples per check (default 10)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one conformance run may take")
     parser.add_argument("--list", action="store_true", help="list the sample's mutants (with diffs) and run nothing")
@@ -310,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             print(mutant.diff(original, args.module))
         return 0
     start = time.monotonic()
-    counts = {"killed": 0, "survived": 0, "equivalent": 0}
+    counts = {"killed": 0, "survived": 0, "unjudged": 0, "equivalent": 0, "cpu": 0}
     with tempfile.TemporaryDirectory(prefix="nemo_dist_mutant_") as tmp:
         copy = Path(tmp)
         shutil.copytree(ROOT / "nemo_dist", copy / "nemo_dist", ignore=shutil.ignore_patterns("__pycache__"))
@@ -323,8 +341,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             reason = equivalence(args.module, original, mutant)
             if reason:
-                counts["equivalent"] += 1
-                print(f"{label}: EQUIVALENT: {reason}\n{mutant.diff(original, args.module)}", flush=True)
+                kind = "cpu" if reason.startswith(CPU_UNOBSERVABLE) else "equivalent"
+                counts[kind] += 1
+                title = "NOT OBSERVABLE ON CPU" if kind == "cpu" else "EQUIVALENT"
+                print(f"{label}: {title}: {reason}\n{mutant.diff(original, args.module)}", flush=True)
                 continue
             target.write_text(mutant.source)
             began = time.monotonic()
@@ -333,20 +353,51 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 target.write_text(original)
             took = f"{time.monotonic() - began:.0f} s"
-            if killed and not killed.startswith("TIMEOUT"):
+            if killed.startswith(("TIMEOUT", "USAGE ERROR")):
+                counts["unjudged"] += 1
+                print(f"{label}: UNJUDGED in {took} ({killed})\n{mutant.diff(original, args.module)}", flush=True)
+            elif killed:
                 counts["killed"] += 1
                 print(f"{label}: KILLED in {took} by {killed}", flush=True)
             else:
                 counts["survived"] += 1
                 print(f"{label}: SURVIVED ({killed or 'conforms'}, {took})\n{mutant.diff(original, args.module)}",
                       flush=True)
-    scored = counts["killed"] + counts["survived"]
+    scored = counts["killed"] + counts["survived"] + counts["unjudged"]
+    seconds = time.monotonic() - start
     print(
-        f"\n{args.module}: {counts['killed']} of {scored} non-equivalent mutants killed, "
-        f"{counts['survived']} survived, {counts['equivalent']} equivalent; "
-        f"{time.monotonic() - start:.0f} s for {len(drawn)} mutants (seed {args.seed})"
+        f"\n{args.module}: {counts['killed']} of {scored} judged mutants killed, "
+        f"{counts['survived']} survived, {counts['unjudged']} unjudged, {counts['equivalent']} equivalent, "
+        f"{counts['cpu']} not observable on CPU; {seconds:.0f} s for {len(drawn)} mutants (seed {args.seed}, "
+        f"world sizes {args.world_sizes})"
     )
-    return 1 if counts["survived"] else 0
+    row = table_row(args.module, len(every), counts, args, seconds)
+    print(row)
+    if args.write_readme:
+        write_readme_row(ROOT / "README.md", args.module, row)
+    return 1 if counts["survived"] or counts["unjudged"] else 0
+
+
+def table_row(module: str, mutants_found: int, counts: dict[str, int], args: argparse.Namespace, seconds: float) -> str:
+    """The README table's row of one run."""
+    judged = counts["killed"] + counts["survived"] + counts["unjudged"]
+    return (
+        f"| `{module}` | {mutants_found} | {args.seed} | {args.world_sizes} | {counts['killed']} / {judged} | "
+        f"{counts['unjudged']} | {counts['equivalent']} | {counts['cpu']} | {seconds:.0f} s |"
+    )
+
+
+def write_readme_row(readme: Path, module: str, row: str) -> None:
+    """Replace ``module``'s row of the table between :data:`README_TABLE`'s markers (or add it)."""
+    text = readme.read_text()
+    begin, end = README_TABLE
+    head, found, rest = text.partition(begin)
+    table, closed, tail = rest.partition(end)
+    if not (found and closed):
+        raise SystemExit(f"{readme}: no table between {begin} and {end}")
+    lines = table.strip("\n").splitlines()
+    kept = [line for line in lines if not line.startswith(f"| `{module}` |")]
+    readme.write_text(f"{head}{begin}\n" + "\n".join([*kept, row]) + f"\n{end}{tail}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ GALLERY: list[tuple[str, int, str | None]] = [
     ("tests.forks.gallery_gather_layer_averaged:GatherLayer", 1, CAUSES["mean"]),
     ("tests.forks.gallery_gather_layer_times_world:GatherLayer", 1, CAUSES["times_w"]),
     ("tests.forks.gallery_gather_features_local_slot:gather_features", 1, CAUSES["own"]),
+    ("tests.forks.gallery_gather_all_tensors:gather_all_tensors", 1, CAUSES["own"]),
     ("tests.forks.gallery_chunk_own_rows:AllGatherCat", 1, CAUSES["own"]),
     ("tests.forks.gallery_reversed_order:gather_reversed", 1, CAUSES["reversed"]),
     ("tests.forks.gallery_stacked_global_rank:AllGather", 0, None),

@@ -8,10 +8,8 @@ A shrunk example says *that* the gather is wrong; the variants say *how*:
   two), so the gradient each rank got can be matched against the classic
   mistakes: its own slice only (no cross-rank sum), the sum times W, the
   mean, another rank's slice or the reversed order;
-- for a subgroup failure, the same data in the whole world: when that
-  passes, the bug is "wrong only inside a subgroup", and a gradient (or an
-  IndexError) that follows the global rank, or the global rank minus the
-  group's first member's, names the mix-up;
+- for a subgroup failure (:mod:`~nemo_dist.conformance.gather.group_diagnosis`):
+  the rows each member gathered, and the same data in the whole world;
 - for a forward failure, inputs whose rows name their rank, so the output
   tells which ranks are missing (each rank's own rows, or the same ones on
   every rank), repeated or out of order, or that the dtype changed;
@@ -32,16 +30,17 @@ from typing import Any
 
 import torch
 
-from nemo_dist.conformance.deadlines import StepAborted, StepBroke
+from nemo_dist.conformance.deadlines import StepAborted
 from nemo_dist.conformance.gather import ranks as ranks
 from nemo_dist.conformance.gather.oracle import expected_grads, offsets, upstream_for_loss
 from nemo_dist.conformance.gather.precision import exact_grads, lower_precisions, reduction_bound, worst_error
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
 
-__all__ = ["CAUSES", "backward_cause", "forward_cause", "group_cause", "precision_cause"]
+__all__ = ["CAUSES", "backward_cause", "forward_cause", "precision_cause"]
 
-#: The causes this module can name (the first words of each line it returns; ``{via}`` and ``{dtype}``: dtype names).
+#: The causes this module and :mod:`.group_diagnosis` can name (the first words of each line they return;
+#: ``{via}`` and ``{dtype}``: dtype names; ``{cause}``: another cause; ``{rows}``: what members gathered).
 CAUSES = {
     "reduced_in": "reduced in {via}: gradients match a {via} reduction of {dtype} values",
     "gathered_in": "gathered in {via}: the output is the {dtype} inputs rounded to {via}",
@@ -63,6 +62,11 @@ CAUSES = {
     ),
     "subgroup_group_rank": "wrong only inside a subgroup (a group rank used where a global rank belongs)",
     "subgroup": "wrong only inside a subgroup (it passes in the whole world)",
+    "subgroup_as_world": "{cause}, inside a subgroup as in the whole world (not a group rank mix-up)",
+    "group_ignored": (
+        "gathers over the whole world instead of the group (each member's output holds every rank's rows)"
+    ),
+    "group_wrong_rows": "rows of the wrong ranks gathered inside a subgroup ({rows})",
 }
 
 
@@ -158,108 +162,6 @@ def backward_cause(world: WorldLike, impl: Implementation, example: dict[str, An
     zeros = [torch.zeros(variant_shape, dtype=dtype) for _ in range(size)]
     got = _run_backward(world, impl, zeros, "contiguous", distinct, "contiguous", "direct", 0)
     return "" if got is None else _formula(got, distinct, variant_rows)
-
-
-def group_cause(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:
-    """The likely cause of a failing subgroup example (keys: shape, dtype, partition)."""
-    size = world.size
-    shape, dtype, partition = tuple(example["shape"]), example["dtype"], example["partition"]
-    shape = (max(shape[0], 1), *shape[1:])
-    zeros = [torch.zeros(shape, dtype=dtype) for _ in range(size)]
-    whole = _distinct_grads(size, (size * shape[0], *shape[1:]), dtype)
-    got = _run_backward(world, impl, zeros, "contiguous", whole, "contiguous", "direct", 0)
-    if got is None or not _grads_correct(got, expected_grads(whole, [shape[0]] * size)):
-        return ""
-    return CAUSES[_rank_mixup(world, impl, zeros, partition, shape) or "subgroup"]
-
-
-#: How each rank mix-up computes a member's group rank (its global rank, its group's members).
-_MIXUPS: dict[str, Callable[[int, Sequence[int]], int]] = {
-    "subgroup_global_rank": lambda r, members: r,
-    "subgroup_first_member": lambda r, members: r - members[0],
-}
-
-
-def _group_run(
-    world: WorldLike, impl: Implementation, inputs: Sequence[torch.Tensor], partition: Sequence[Sequence[int]],
-    shape: tuple[int, ...],
-) -> tuple[list[torch.Tensor], dict[int, Any], dict[int, str]] | None:
-    """Distinct upstream gradients per group, the gradient each rank got and each failing rank's error text."""
-    from nemo_dist.testing import RankFailure
-
-    grads: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
-    for members in partition:
-        per_group = _distinct_grads(len(members), (len(members) * shape[0], *shape[1:]), inputs[0].dtype)
-        for position, r in enumerate(members):
-            grads[r] = per_group[position]
-    try:
-        results = world.run(ranks.grouped, impl, inputs, grads, partition)
-        return grads, {r: result["grad"] for r, result in enumerate(results)}, {}
-    except RankFailure as exc:
-        return grads, {r: result["grad"] for r, result in exc.returned.items()}, exc.failures
-    except StepBroke as exc:
-        return grads, {r: result["grad"] for r, result in exc.failure.returned.items()}, exc.failure.failures
-    except (Exception, StepAborted):
-        return None
-
-
-def _follows(
-    index_of: Callable[[int, Sequence[int]], int], run: tuple[list[torch.Tensor], dict[int, Any], dict[int, str]],
-    partition: Sequence[Sequence[int]], rows: int,
-) -> bool | None:
-    """Whether every member's gradient is the slice at ``index_of``'s rank (an IndexError past the group's end).
-
-    True when some member shows the mix-up, False when one contradicts it,
-    None when every member's computed rank is its group rank (no evidence).
-    """
-    grads, got, failures = run
-    witnessed = None
-    for members in partition:
-        expected = expected_grads([grads[m] for m in members], [rows] * len(members))
-        for position, r in enumerate(members):
-            index = index_of(r, members)
-            if r in failures and " did not answer within " in failures[r]:
-                continue
-            if index == position:
-                if r in failures or not _close(got.get(r), expected[position]):
-                    return False
-                continue
-            if r in failures:
-                if "IndexError" not in failures[r] or index < len(members):
-                    return False
-            elif not (index < len(members) and _close(got.get(r), expected[index])):
-                return False
-            witnessed = True
-    return witnessed
-
-
-def _rank_mixup(
-    world: WorldLike, impl: Implementation, inputs: Sequence[torch.Tensor], partition: Sequence[Sequence[int]],
-    shape: tuple[int, ...],
-) -> str:
-    """Which rank mix-up the subgroup results show: a ``CAUSES`` key, or "" when they show none.
-
-    "subgroup_global_rank": each member whose global rank is not its group
-    rank got the global rank's slice, or an IndexError; "subgroup_first_member":
-    the slice at its global rank minus its group's first member's (right for
-    contiguous groups only): when both fit (interleaved groups where they
-    agree), the groups ``{0}`` and ``{1..W-1}`` tell them apart.
-    "subgroup_group_rank": torch refused a rank as "not part of group" (a
-    group rank passed where torch wants a global one).
-    """
-    run = _group_run(world, impl, inputs, partition, shape)
-    if run is None:
-        return ""
-    if run[2] and all("is not part of group" in text for text in run[2].values()):
-        return "subgroup_group_rank"
-    fits = [name for name, index_of in _MIXUPS.items() if _follows(index_of, run, partition, shape[0])]
-    if len(fits) > 1 and world.size > 2:
-        contiguous = [[0], list(range(1, world.size))]
-        second = _group_run(world, impl, inputs, contiguous, shape)
-        if second is None:
-            return ""
-        fits = [n for n in fits if _follows(_MIXUPS[n], second, contiguous, shape[0]) is not False]
-    return fits[0] if len(fits) == 1 else ""
 
 
 def forward_cause(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:

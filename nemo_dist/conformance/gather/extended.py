@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_dist.conformance.explain import add_note
-from nemo_dist.conformance.gather import diagnosis, ranks
+from nemo_dist.conformance.gather import group_diagnosis, ranks
 from nemo_dist.conformance.gather.oracle import expected_grads
 from nemo_dist.conformance.gather.properties import (
     LastFailure,
@@ -199,7 +199,7 @@ def group_uses_group_ranks(world: WorldLike, impl: Implementation) -> None:
         _assert_grouped(world, impl, last, partition, inputs, grads, uneven=False)
 
     fixed = _then_interleaved(prop, world, impl, last, uneven=False)
-    diagnosed(fixed, last, lambda example: diagnosis.group_cause(world, impl, example))
+    diagnosed(fixed, last, lambda example: group_diagnosis.group_cause(world, impl, example))
 
 
 @check("gather.uneven_with_group_gathers_group_rows", tier="extended", component="gather", min_world=3)
@@ -273,12 +273,26 @@ def uninitialised_no_grad_never_requires_grad(world: None, impl: Implementation)
 
 @check("gather.zero_dim_raises_on_every_rank", tier="extended", component="gather")
 def zero_dim_raises_on_every_rank(world: WorldLike, impl: Implementation) -> None:
-    """A 0-d input raises ValueError on every rank, with and without grad."""
+    """A 0-d input raises ValueError on every rank, with and without grad.
+
+    The message shows what each rank's call itself raised or returned, never
+    an error of the checker's own combining of a returned tuple or stack.
+    """
     for function in ("with_grad", "no_grad"):
         inputs = [torch.tensor(float(r)) for r in range(world.size)]
         results = world.run(ranks.raises, impl, inputs, function)
         for r, (kind, _) in enumerate(results):
             assert kind == "ValueError", (
-                f"rank {r}: all_gather_{function} of a 0-d tensor should raise ValueError; "
-                f"each rank got:\n{error_rows(results)}"
+                f"rank {r}: {_called(impl, function)} of a 0-d tensor should raise ValueError; "
+                f"each rank's call:\n{error_rows(results)}"
             )
+
+
+def _called(impl: Implementation, function: str) -> str:
+    """The gather ``function`` ("with_grad" or "no_grad") calls, as messages name it."""
+    gather = target(impl)
+    if gather.module_api:
+        return f"all_gather_{function}"
+    if function == "with_grad":
+        return gather.label
+    return impl.no_grad_fn or f"{gather.label} under torch.no_grad()"

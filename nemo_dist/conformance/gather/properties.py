@@ -114,8 +114,14 @@ def assert_same(got: Any, expected: torch.Tensor, what: str) -> None:
 
 
 def error_rows(results: Sequence[tuple[str, str]]) -> str:
-    """One line per rank: the error type and message each rank got."""
-    return "\n".join(f"  rank {r}: {kind}: {message}" for r, (kind, message) in enumerate(results))
+    """One line per rank of :func:`~.ranks.raises` results: what its call raised, or that it raised nothing.
+
+    ``  rank 0: raised ValueError: ...`` or ``  rank 1: raised nothing; returned shape (2,)``.
+    """
+    return "\n".join(
+        f"  rank {r}: raised nothing; {message}" if kind == "no error" else f"  rank {r}: raised {kind}: {message}"
+        for r, (kind, message) in enumerate(results)
+    )
 
 
 def draw_shape_and_dtype(

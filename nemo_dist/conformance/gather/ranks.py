@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_dist.conformance import signature
-from nemo_dist.conformance.gather.target import target
+from nemo_dist.conformance.gather.target import describe, target
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.needs_gpu import gpu_need
 from nemo_dist.testing.strategies import apply_layout
@@ -32,6 +32,7 @@ __all__ = [
     "first_call",
     "forward",
     "grouped",
+    "grouped_forward",
     "precision",
     "raises",
     "same_bits",
@@ -264,6 +265,19 @@ def grouped(
     return _with_and_without_grad(x, grads[_rank()].to(_device()), target(impl), group=group, **extra)
 
 
+def grouped_forward(
+    impl: Implementation, inputs: Sequence[torch.Tensor], partition: Sequence[Sequence[int]]
+) -> dict[str, Any]:
+    """Gather (with grad, of an ``x`` that requires grad) over this rank's group of ``partition``; no backward.
+
+    Returns the output (as the concatenation): the rows each member gathered,
+    even where a backward would fail on the output's shape.
+    """
+    group = _group(partition)
+    x = _input(inputs[_rank()], "contiguous", True)
+    return {"out": _cpu(target(impl).gather(x, group=group))}
+
+
 def alone(impl: Implementation, inputs: Sequence[torch.Tensor], layout: str) -> dict[str, Any]:
     """Gather in a world of one rank or with no process group: is the output ``x`` itself?
 
@@ -291,7 +305,10 @@ def raises(
 ) -> tuple[str, str]:
     """Call ``all_gather_<function>`` on this rank's input; return ``(exception type, message)``.
 
-    ``("no error", repr of the output's shape)`` when nothing was raised.
+    The error is the call's own, never one of combining what it returned:
+    ``("no error", "returned " + what it returned)`` when nothing was raised
+    (:func:`~nemo_dist.conformance.gather.target.describe`: "returned shape
+    (2,)", "returned a tuple of 2 tensors of shape ()").
     ``group_partition`` makes groups; ``group_of`` picks the group of that rank
     (so other ranks call as non-members), else this rank's own group.
     """
@@ -304,10 +321,10 @@ def raises(
     if isinstance(x, torch.Tensor):
         x = x.to(_device())
     try:
-        out = target(impl).gather(x, no_grad=function == "no_grad", group=group, uneven=uneven)
-    except Exception as exc:  # any error: the check asserts on its type and message
+        out = target(impl).returned(x, no_grad=function == "no_grad", group=group, uneven=uneven)
+    except Exception as exc:  # any error of the call: the check asserts on its type and message
         return type(exc).__name__, str(exc)
-    return "no error", f"returned shape {tuple(out.shape)}"
+    return "no error", f"returned {describe(out)}"
 
 
 class _WarmUpGather(torch.autograd.Function):

@@ -36,7 +36,7 @@ from nemo_dist.conformance.implementation import GROUP_PARAMETERS, Implementatio
 from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.symbols import Symbol
 
-__all__ = ["GROUP_PARAMETERS", "GatherTarget", "detect_form", "target"]
+__all__ = ["GROUP_PARAMETERS", "GatherTarget", "describe", "detect_form", "target"]
 
 
 def detect_form(out: Any, x: torch.Tensor) -> str:
@@ -46,6 +46,27 @@ def detect_form(out: Any, x: torch.Tensor) -> str:
     if isinstance(out, torch.Tensor) and out.dim() == x.dim() + 1:
         return "stacked"
     return "cat"
+
+
+def describe(value: Any) -> str:
+    """What a call returned, in words: "shape (2,)", "a tuple of 2 tensors of shape ()", "None" ..."""
+    if isinstance(value, torch.Tensor):
+        return f"shape {tuple(value.shape)}"
+    if not isinstance(value, (tuple, list)):
+        return "None" if value is None else f"a value of type {type(value).__name__}"
+    kind, n = type(value).__name__, len(value)
+    if not value:
+        return f"an empty {kind}"
+    if not all(isinstance(v, torch.Tensor) for v in value):
+        items = [
+            f"tensor of shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__ for v in value
+        ]
+        return f"a {kind} of {n} ({', '.join(items)})"
+    shapes = [tuple(v.shape) for v in value]
+    tensors = "tensor" if n == 1 else "tensors"
+    if len(set(shapes)) == 1:
+        return f"a {kind} of {n} {tensors} of shape {shapes[0]}"
+    return f"a {kind} of {n} {tensors} of shapes {', '.join(map(str, shapes))}"
 
 
 def _kinds(items: Any) -> str:
@@ -90,6 +111,10 @@ def _parts(out: Any, x: torch.Tensor, name: str, world_size: int | None) -> list
         )
     if not parts or not tensors:
         raise TypeError(f"{name} returned a {kind} of {what}; the tuple form needs W tensors; {_extra_hint(parts)}")
+    if x.dim() == 0:
+        raise TypeError(
+            f"{name} returned a {kind} of {what} for a 0-d x; 0-d tensors have no dim 0 to concatenate on"
+        )
     if any(p.dim() != x.dim() or p.shape[1:] != x.shape[1:] for p in parts):
         shapes = ", ".join(str(tuple(p.shape)) for p in parts)
         raise TypeError(
@@ -112,8 +137,15 @@ def _as_cat(
             f"{name} returned {type(out).__name__}; expected a tensor (concatenation or stacked) or a tuple of tensors"
         )
     if form == "stacked":
+        if x.dim() == 0:
+            raise TypeError(
+                f"{name} returned shape {tuple(out.shape)} for a 0-d x; 0-d tensors have no dim 0 to concatenate on"
+            )
         if out.dim() < 2:
-            raise TypeError(f"{name} returned shape {tuple(out.shape)}; the stacked form needs [W, *x.shape]")
+            raise TypeError(
+                f"{name} returned shape {tuple(out.shape)} for x of shape {tuple(x.shape)}; the stacked form "
+                "needs [W, *x.shape]"
+            )
         return out.flatten(0, 1)
     return out
 
@@ -219,6 +251,26 @@ class GatherTarget:
         With ``no_grad`` and no separate no-grad callable, the call and the
         concatenation of a returned tuple or list both run under ``torch.no_grad()``.
         """
+        name, context, call = self._prepared(x, no_grad, group, uneven)
+        with context:
+            # Combining a returned list is part of the call: under the call's grad mode, or a
+            # list holding x itself (which requires grad) would concatenate into autograd.
+            return _as_cat(call(), x, self.form, name, _group_size(group), self.output)
+
+    def returned(self, x: Any, *, no_grad: bool = False, group: Any = None, uneven: bool = False) -> Any:
+        """Call the target on ``x`` as :meth:`gather` does; return what the callable returned, not combined.
+
+        Raises what the call raises, never an error of combining its value
+        (:func:`describe` puts the value in words).
+        """
+        _, context, call = self._prepared(x, no_grad, group, uneven)
+        with context:
+            return call()
+
+    def _prepared(
+        self, x: Any, no_grad: bool, group: Any, uneven: bool
+    ) -> tuple[str, contextlib.AbstractContextManager[Any], Callable[[], Any]]:
+        """The callable's name in messages, the grad mode to call it under, and the call itself."""
         if no_grad and self._no_grad is not None:
             fn, sig, name = self._no_grad, self._no_grad_signature, f"{self.label} (no grad)"
         else:
@@ -231,11 +283,7 @@ class GatherTarget:
         if uneven:
             values["uneven"] = True
         context = torch.no_grad() if no_grad and self._no_grad is None else contextlib.nullcontext()
-        with context:
-            # Combining a returned list is part of the call: under the call's grad mode, or a
-            # list holding x itself (which requires grad) would concatenate into autograd.
-            out = self._call(fn, sig, x, values, group)
-            return _as_cat(out, x, self.form, name, _group_size(group), self.output)
+        return name, context, lambda: self._call(fn, sig, x, values, group)
 
     def _call(
         self, fn: Callable[..., Any], sig: _Signature, x: torch.Tensor, values: dict[str, Any], group: Any
