@@ -342,7 +342,8 @@ def activation_checkpointing_off(world: WorldLike, impl: Implementation) -> None
 
 @check("ddp.activation_checkpointing_selective", tier="core", component="ddp")
 def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
-    """Selective checkpointing reruns exactly the selected trainable blocks, fewer matmuls than full; same grads."""
+    """Selective checkpointing reruns exactly the selected trainable blocks: fewer matmuls than full, at least one
+    other op (a policy saving everything recomputes nothing); same grads."""
     recompute.check_recompute(world, impl, "selective")
 
 

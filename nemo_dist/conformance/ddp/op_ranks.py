@@ -6,8 +6,9 @@ Every public function here runs on every rank of a world (through
 ops they execute with the dispatch modes of :mod:`~nemo_dist.conformance.ddp.ops`:
 
 - :func:`checkpoint_recompute`: per block, how often its attention and MLP ran
-  forward again during backward and how many of its matmuls ran again, beside
-  how many it ran forward; the gradients beside those of an uncheckpointed copy.
+  forward again during backward and how many of its matmuls and of its other
+  ops ran again, beside how many it ran forward; the gradients beside those of
+  an uncheckpointed copy.
 - :func:`autocast_ops`: under ``autocast_dtype``, the dtypes of the parameters,
   of every matmul and every floating-point op of the forward and of the
   gradients, and the gradients beside those of an explicit ``torch.autocast``
@@ -20,6 +21,8 @@ functions run in gloo and NCCL worlds.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -34,7 +37,7 @@ from nemo_dist.conformance.ddp.entry_point import (
     seeded,
     square_loss,
 )
-from nemo_dist.conformance.ddp.models import _MultimodalModel, _TinyModel, multimodal_blocks
+from nemo_dist.conformance.ddp.models import _Block, _MultimodalModel, _TinyModel, multimodal_blocks
 from nemo_dist.conformance.ddp.ops import MatmulCounter, OpDtypes
 from nemo_dist.conformance.implementation import Implementation
 
@@ -61,20 +64,27 @@ def _plain_run(impl: Implementation, global_x: torch.Tensor) -> tuple[list[Any],
     return _PLAIN_RUNS[key]
 
 
+def _in_block(counts: Counter[Hashable], block: _Block) -> int:
+    """The ops ``counts`` holds for the attention and MLP of ``block``."""
+    return counts[block.attn] + counts[block.mlp]
+
+
 def checkpoint_recompute(
     impl: Implementation, mode: bool | str, scopes: list[Any], global_x: torch.Tensor
 ) -> dict[str, Any]:
-    """For each scope: per block, its sub-modules' forward runs and its matmuls in backward; the gradients.
+    """For each scope: per block, its sub-modules' forward runs and its ops in forward and backward; the gradients.
 
     Returns ``{"trainable": {block: bool}, "plain_grads": [...], "dtype": the wrapped
-    model's parameter dtype, "scopes": {repr(scope): {"recomputed": {block: (attn runs,
-    mlp runs, matmuls, in backward; matmuls in forward)}, "grads": [...]}}}``, with
-    ``plain_grads`` from the same model wrapped without checkpointing.
+    model's parameter dtype, "scopes": {repr(scope): {"recomputed": {block: {"attn":
+    runs in backward, "mlp": runs in backward, "matmuls": (in forward, in backward),
+    "others": (in forward, in backward)}}, "grads": [...]}}}``, with ``plain_grads``
+    from the same model wrapped without checkpointing. ``others`` counts the ops
+    other than matmuls that compute a tensor (:class:`~.ops.MatmulCounter`).
 
     The forward runs with torch's checkpoint early stop off, so a checkpointed
     region recomputes to its end: full checkpointing then runs every matmul of
     a selected block again, and a selective policy fewer (those whose outputs
-    it saved are not run again).
+    it saved are not run again) and some of its other ops.
     """
     plain_grads, x, dtype = _plain_run(impl, global_x)
     result: dict[str, Any] = {"plain_grads": plain_grads, "scopes": {}, "dtype": dtype}
@@ -84,18 +94,19 @@ def checkpoint_recompute(
         result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
         wrapped = parallelizer(impl, config).parallelize(model)
-        with MatmulCounter(), set_checkpoint_early_stop(False):
+        forward, backward = MatmulCounter(), MatmulCounter()
+        with forward, set_checkpoint_early_stop(False):
             loss = square_loss(wrapped(x.to(device_of(model), dtype_of(model))))
-        before = {name: (b.attn.calls, b.mlp.calls, b.attn.matmuls + b.mlp.matmuls) for name, (b, _) in blocks.items()}
-        with MatmulCounter():
+        before = {name: (b.attn.calls, b.mlp.calls) for name, (b, _) in blocks.items()}
+        with backward:
             loss.backward()
         recomputed = {
-            name: (
-                b.attn.calls - before[name][0],
-                b.mlp.calls - before[name][1],
-                b.attn.matmuls + b.mlp.matmuls - before[name][2],
-                before[name][2],
-            )
+            name: {
+                "attn": b.attn.calls - before[name][0],
+                "mlp": b.mlp.calls - before[name][1],
+                "matmuls": (_in_block(forward.matmuls, b), _in_block(backward.matmuls, b)),
+                "others": (_in_block(forward.others, b), _in_block(backward.others, b)),
+            }
             for name, (b, _) in blocks.items()
         }
         result["scopes"][repr(scope)] = {"recomputed": recomputed, "grads": grads_of(model)}

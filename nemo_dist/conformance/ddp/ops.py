@@ -1,11 +1,15 @@
-"""What the aten ops a rank runs show: matmuls per counted sub-module, and the dtype each op computes in.
+"""What the aten ops a rank runs show: the ops of each counted sub-module, and the dtype each op computes in.
 
-Both are ``TorchDispatchMode``s, entered on a rank around a forward or a
-backward. They see each op after autocast has cast its inputs and below
+:class:`OpCounter` (:class:`MatmulCounter` for the hand-made models) and
+:class:`OpDtypes` are ``TorchDispatchMode``s, entered on a rank around a
+forward or a backward. They see each op after autocast has cast its inputs and below
 autograd, so they see what actually executes: under selective checkpointing
 an op whose output was saved is not run again in backward (the checkpoint's
 own dispatch mode, entered inside this one, answers it from its cache), so it
 is not counted; under full checkpointing every op of the block runs again.
+Besides matmuls the counters count the other ops that compute a tensor
+(views and metadata queries aside): a selective policy that saves every
+op's output runs none of them again, and saves no memory.
 The autograd engine carries the mode stack into its threads, so a backward
 on a GPU is observed too. ``TorchDispatchMode`` has no public import path in
 torch; torch's own selective checkpointing is built on it.
@@ -13,14 +17,16 @@ torch; torch's own selective checkpointing is built on it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import Any, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nemo_dist.conformance.ddp.models import running
+from nemo_dist.conformance.ddp.models import _Counted, running
 
-__all__ = ["MATMULS", "MatmulCounter", "OpDtypes"]
+__all__ = ["MATMULS", "MatmulCounter", "OpCounter", "OpDtypes"]
 
 _aten = torch.ops.aten
 #: The matmul ops, as overload packets (``aten.linear`` is decomposed into these above the dispatch modes).
@@ -33,15 +39,57 @@ def _packet(func: Any) -> Any:
     return getattr(func, "overloadpacket", func)
 
 
-class MatmulCounter(TorchDispatchMode):
-    """Adds one to ``matmuls`` of the running counted sub-module (:func:`~.models.running`) per matmul executed."""
+class OpCounter(TorchDispatchMode):
+    """Counts the ops executed while this mode is on, per what ``running()`` names as running (None: not counted).
+
+    ``matmuls[what]`` counts its matmuls and ``others[what]`` its other ops
+    that compute a tensor. Views (``aten.t``; ``aten.detach``, which
+    checkpointing runs on what it saves) and ops returning no tensor are not
+    counted: running them again saves no memory.
+    """
+
+    def __init__(self, running: Callable[[], Hashable | None]) -> None:
+        super().__init__()
+        self.running = running
+        self.matmuls: Counter[Hashable] = Counter()
+        self.others: Counter[Hashable] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        counted = self.running()
+        out = func(*args, **(kwargs or {}))
+        if counted is not None:
+            self.count(counted, func, out)
+        return out
+
+    def count(self, counted: Hashable, func: Any, out: Any) -> None:
+        """Count op ``func``, which returned ``out``, as run by ``counted``."""
         if _packet(func) in MATMULS:
-            counted = running()
-            if counted is not None:
-                counted.matmuls += 1
-        return func(*args, **(kwargs or {}))
+            self.matmuls[counted] += 1
+        elif not getattr(func, "is_view", False) and _computes_tensor(out):
+            self.others[counted] += 1
+
+
+class MatmulCounter(OpCounter):
+    """An :class:`OpCounter` of the counted sub-modules (:func:`~.models.running`); a matmul also adds to theirs.
+
+    Each matmul adds one to the running sub-module's own ``matmuls`` as well.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(running)
+
+    def count(self, counted: Hashable, func: Any, out: Any) -> None:
+        """Count as :class:`OpCounter` does; a matmul also adds one to ``counted.matmuls``."""
+        super().count(counted, func, out)
+        if _packet(func) in MATMULS:
+            cast(_Counted, counted).matmuls += 1
+
+
+def _computes_tensor(out: Any) -> bool:
+    """Whether an op's output is, or holds, a tensor."""
+    return isinstance(out, torch.Tensor) or (
+        isinstance(out, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in out)
+    )
 
 
 class OpDtypes(TorchDispatchMode):

@@ -2,13 +2,21 @@
 
 :func:`check_recompute` runs :func:`~nemo_dist.conformance.ddp.op_ranks.checkpoint_recompute`
 on every rank and asserts, per scope and block, that exactly the selected
-trainable blocks ran their attention and MLP again during backward, that the
-number of matmuls they ran again fits the mode (all of them for full
-checkpointing, fewer for selective, none when off), and that the gradients
-equal those without checkpointing.
+trainable blocks ran their attention and MLP again during backward, that what
+they ran again fits the mode, and that the gradients equal those without
+checkpointing. What fits the mode:
+
+- full checkpointing runs every matmul of a selected block again;
+- selective checkpointing runs strictly fewer matmuls again than the block ran
+  forward (never more than full checkpointing would), and at least one of its
+  other ops: a policy that saves every op's output recomputes nothing and
+  saves no memory;
+- a block that is not selected (or checkpointing off) runs no op again.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -23,18 +31,52 @@ from nemo_dist.conformance.ddp.expectations import (
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
 
-__all__ = ["check_recompute"]
+__all__ = ["check_recompute", "matmul_expectation", "other_ops_expectation"]
 
 
-def _matmul_expectation(mode: bool | str, selected: bool, matmuls: int, forward: int) -> str | None:
+def matmul_expectation(mode: bool | str, selected: bool, matmuls: int, forward: int) -> str | None:
     """What is wrong with a block recomputing ``matmuls`` of its ``forward`` matmuls in backward, or None."""
     if not selected:
         return None if matmuls == 0 else "none (no recompute)"
     if mode == "selective":
+        if matmuls > forward:
+            return f"at most {forward}, as full checkpointing runs each once again (does a block recompute twice?)"
         if matmuls < forward:
             return None
         return f"strictly fewer than {forward} (is 'selective' mapped to full checkpointing?)"
     return None if matmuls == forward else f"all {forward} (full checkpointing recomputes every one)"
+
+
+def other_ops_expectation(mode: bool | str, selected: bool, others: int) -> str | None:
+    """What is wrong with a block running ``others`` of its non-matmul ops again in backward, or None."""
+    if not selected:
+        return None if others == 0 else "none (no recompute)"
+    if mode == "selective" and others == 0:
+        return (
+            "at least one (selective checkpointing recomputes what its policy does not save; a policy "
+            "saving every op's output recomputes nothing and saves no memory)"
+        )
+    return None
+
+
+def _check_block(mode: bool | str, selected: bool, where: str, counts: dict[str, Any]) -> None:
+    """Assert what one block ran again in backward (``counts``, as ``checkpoint_recompute`` gives it) fits."""
+    attn, mlp = counts["attn"], counts["mlp"]
+    ran_again = attn > 0 and mlp > 0
+    ran_never = attn == 0 and mlp == 0
+    assert ran_again if selected else ran_never, (
+        f"{where} ran attn {attn}x and mlp {mlp}x during backward; expected "
+        + ("at least once each (recompute)" if selected else "no recompute")
+    )
+    forward, matmuls = counts["matmuls"]
+    wrong = matmul_expectation(mode, selected, matmuls, forward)
+    assert wrong is None, f"{where} ran {matmuls} of its {forward} matmuls again during backward; expected {wrong}"
+    forward, others = counts["others"]
+    wrong = other_ops_expectation(mode, selected, others)
+    assert wrong is None, (
+        f"{where} ran {others} of its {forward} other ops (not matmuls, not views) again during backward; "
+        f"expected {wrong}"
+    )
 
 
 def check_recompute(
@@ -46,19 +88,10 @@ def check_recompute(
     for rank, got in enumerate(results):
         for scope in scopes:
             run = got["scopes"][repr(scope)]
-            for block, (attn, mlp, matmuls, forward) in run["recomputed"].items():
+            for block, counts in run["recomputed"].items():
                 selected, what = checkpoint_role(mode, got["trainable"][block], block.split(".")[0], scope)
-                ran_again = attn > 0 and mlp > 0
-                ran_never = attn == 0 and mlp == 0
                 where = f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: {block} ({what})"
-                assert ran_again if selected else ran_never, (
-                    f"{where} ran attn {attn}x and mlp {mlp}x during backward; expected "
-                    + ("at least once each (recompute)" if selected else "no recompute")
-                )
-                wrong = _matmul_expectation(mode, selected, matmuls, forward)
-                assert wrong is None, (
-                    f"{where} ran {matmuls} of its {forward} matmuls again during backward; expected {wrong}"
-                )
+                _check_block(mode, selected, where, counts)
             assert_close_lists(
                 run["grads"],
                 got["plain_grads"],

@@ -9,7 +9,10 @@ scope when its layer group is in the scope ("all": every group the model
 has; "multimodal": vision and audio); a selected block with a trainable
 parameter must run its attention, and its MLP where it has one, again in
 backward; any other block (unselected, frozen, or checkpointing off) must
-run neither again.
+run neither again. Under selective checkpointing a selected block's
+attention and MLP must also run strictly fewer matmuls again than they ran
+forward, and at least one other op (a policy saving every op's output
+recomputes nothing).
 
 Upstream (nemo-automodel 0.7.0) passes the core check at every world size:
 its full checkpointing wraps each selected block's attention, MLP and norms
@@ -35,7 +38,9 @@ from __future__ import annotations
 
 import importlib.util
 import unittest
+from typing import Any
 
+from nemo_dist.conformance.ddp import recompute
 from nemo_dist.conformance.ddp.expectations import (
     TOLERANCE_FLOAT64,
     assert_close_lists,
@@ -96,6 +101,19 @@ def _warm_up(world: WorldLike, architectures: tuple[str, ...]) -> None:
             raise unittest.SkipTest(f"{MISSING_TRANSFORMERS} (rank {rank}: {got['import_error']})")
 
 
+def _check_selective_ops(where: str, ops: dict[str, Any]) -> None:
+    """Assert a block selective checkpointing selected ran fewer matmuls again than forward, and some other op."""
+    forward, again = ops["matmuls"]
+    wrong = recompute.matmul_expectation("selective", True, again, forward)
+    assert wrong is None, f"{where} ran {again} of its {forward} matmuls again during backward; expected {wrong}"
+    forward, again = ops["others"]
+    wrong = recompute.other_ops_expectation("selective", True, again)
+    assert wrong is None, (
+        f"{where} ran {again} of its {forward} other ops (not matmuls, not views) again during backward; "
+        f"expected {wrong}"
+    )
+
+
 def _check_architecture(
     world: WorldLike, impl: Implementation, architecture: str, mode: bool | str, scopes: tuple[str, ...]
 ) -> None:
@@ -120,6 +138,8 @@ def _check_architecture(
                     f"{where}: {name} ({block['path']}, {what}) ran "
                     f"{ran} during backward; expected {expected}"
                 )
+                if selected and mode == "selective":
+                    _check_selective_ops(f"{where}: {name} ({block['path']}, {what})", run["ops"][name])
             assert len(run["grads"]) == len(got["plain_grads"]), (
                 f"{where}: {len(run['grads'])} parameters after wrapping, {len(got['plain_grads'])} before"
             )

@@ -17,7 +17,9 @@ the instance ``forward`` of those sub-modules before wrapping (forward hooks
 do not fire on a checkpoint's recompute; a call through ``__call__`` always
 reaches the instance ``forward``). It works whether the implementation wraps
 whole blocks (nemo_dist), their sub-modules (upstream's full checkpointing)
-or uses the model's own gradient checkpointing.
+or uses the model's own gradient checkpointing. While those sub-modules run,
+an :class:`~nemo_dist.conformance.ddp.ops.OpCounter` charges the ops they
+execute to their block: its matmuls and other ops, in forward and backward.
 
 This module imports ``transformers`` only inside the functions that build a
 model, so the parent can import it without ``transformers`` installed.
@@ -32,8 +34,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from nemo_dist.conformance.ddp.entry_point import device_of, dtype_of, grads_of, parallelizer, seeded
+from nemo_dist.conformance.ddp.ops import OpCounter
 from nemo_dist.conformance.implementation import Implementation
 
 __all__ = [
@@ -268,15 +272,41 @@ def _blocks(model: nn.Module, arch: Architecture) -> dict[str, _Block]:
     return found
 
 
-def _count_forward(module: nn.Module, calls: dict[str, int], key: str) -> None:
-    """Make ``module``'s instance ``forward`` count its calls in ``calls[key]`` (recomputes included)."""
+# The counted sub-modules whose forward is running, innermost last, as ("group.index", key): what
+# an OpCounter charges an op to. One forward runs at a time, so a plain list serves.
+_RUNNING: list[tuple[str, str]] = []
+
+
+def _running() -> tuple[str, str] | None:
+    """The innermost counted sub-module whose ``forward`` is running now, if any."""
+    return _RUNNING[-1] if _RUNNING else None
+
+
+def _count_forward(module: nn.Module, calls: dict[str, int], key: str, block: str) -> None:
+    """Make ``module``'s instance ``forward`` count its calls in ``calls[key]`` (recomputes included).
+
+    While it runs, :func:`_running` names it as ``(block, key)``.
+    """
     original = module.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         calls[key] += 1
-        return original(*args, **kwargs)
+        _RUNNING.append((block, key))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _RUNNING.pop()
 
     module.forward = forward
+
+
+def _block_ops(forward: OpCounter, backward: OpCounter, block: str) -> dict[str, tuple[int, int]]:
+    """The matmuls and the other ops ``block``'s attention and MLP executed, each as (in forward, in backward)."""
+    keys = [(block, "attention"), (block, "mlp")]
+    return {
+        kind: (sum(getattr(forward, kind)[k] for k in keys), sum(getattr(backward, kind)[k] for k in keys))
+        for kind in ("matmuls", "others")
+    }
 
 
 def _build(arch: Architecture) -> tuple[nn.Module, dict[str, _Block]]:
@@ -316,7 +346,7 @@ def warm_up(architectures: list[str]) -> dict[str, str | None]:
 def recompute_counts(
     impl: Implementation, architecture: str, mode: bool | str, scopes: list[str]
 ) -> dict[str, Any]:
-    """For each scope: how often each block's attention and MLP ran during backward, and the gradients.
+    """For each scope: how often each block's attention and MLP ran during backward, their ops, the gradients.
 
     A fresh model per scope (seeded: the same weights on every rank and in
     every build) with the architecture's frozen block, its attention and MLP
@@ -328,8 +358,13 @@ def recompute_counts(
     Returns ``{"transformers": version, "dtype": the wrapped models' parameter dtype, "blocks": {"group.index": {"path",
     "trainable", "has_mlp"}}, "names": [parameter names], "plain_grads": [...],
     "scopes": {scope: {"recomputed": {"group.index": [attention runs, MLP runs
-    or None without an MLP]}, "grads": [...]}}}``; gradients are CPU copies in
-    ``model.parameters()`` order (None where a parameter has none).
+    or None without an MLP]}, "ops": {"group.index": {"matmuls": (in forward, in
+    backward), "others": (in forward, in backward)}}, "grads": [...]}}}``;
+    gradients are CPU copies in ``model.parameters()`` order (None where a
+    parameter has none). ``ops`` counts what the block's attention and MLP
+    executed (:class:`~nemo_dist.conformance.ddp.ops.OpCounter`: matmuls, and
+    other ops computing a tensor); the forward runs with torch's checkpoint
+    early stop off, so a checkpointed region recomputes to its end.
     """
     arch = ARCHITECTURES[architecture]
     plain, plain_blocks = _build(arch)
@@ -349,15 +384,18 @@ def recompute_counts(
     }
     for scope in scopes:
         model, blocks = _build(arch)
-        for block in blocks.values():
-            _count_forward(block.attention, block.calls, "attention")
+        for name, block in blocks.items():
+            _count_forward(block.attention, block.calls, "attention", name)
             if block.mlp is not None:
-                _count_forward(block.mlp, block.calls, "mlp")
+                _count_forward(block.mlp, block.calls, "mlp", name)
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
         wrapped = parallelizer(impl, config).parallelize(model)
-        loss = _loss(arch, wrapped, model)
+        forward, backward = OpCounter(_running), OpCounter(_running)
+        with forward, set_checkpoint_early_stop(False):
+            loss = _loss(arch, wrapped, model)
         before = {name: dict(block.calls) for name, block in blocks.items()}
-        loss.backward()
+        with backward:
+            loss.backward()
         result["scopes"][scope] = {
             "recomputed": {
                 name: [
@@ -366,6 +404,7 @@ def recompute_counts(
                 ]
                 for name, block in blocks.items()
             },
+            "ops": {name: _block_ops(forward, backward, name) for name in blocks},
             "grads": grads_of(model),
         }
     device, dtype = device_of(plain), dtype_of(plain)
