@@ -27,6 +27,7 @@ model, so the parent can import it without ``transformers`` installed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -361,8 +362,8 @@ def recompute_counts(
     or None without an MLP]}, "ops": {"group.index": {"matmuls": (in forward, in
     backward), "others": (in forward, in backward)}}, "grads": [...]}}}``;
     gradients are CPU copies in ``model.parameters()`` order (None where a
-    parameter has none). ``ops`` counts what the block's attention and MLP
-    executed (:class:`~nemo_dist.conformance.ddp.ops.OpCounter`: matmuls, and
+    parameter has none). ``ops`` (selective mode only; empty otherwise) counts
+    what the block's attention and MLP executed (:class:`~nemo_dist.conformance.ddp.ops.OpCounter`: matmuls, and
     other ops computing a tensor); the forward runs with torch's checkpoint
     early stop off, so a checkpointed region recomputes to its end.
     """
@@ -390,11 +391,13 @@ def recompute_counts(
                 _count_forward(block.mlp, block.calls, "mlp", name)
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
         wrapped = parallelizer(impl, config).parallelize(model)
+        # Only selective's rule reads the ops; counting them through a dispatch mode slows every op of the model.
+        counting = mode == "selective"
         forward, backward = OpCounter(_running), OpCounter(_running)
-        with forward, set_checkpoint_early_stop(False):
+        with forward if counting else contextlib.nullcontext(), set_checkpoint_early_stop(False):
             loss = _loss(arch, wrapped, model)
         before = {name: dict(block.calls) for name, block in blocks.items()}
-        with backward:
+        with backward if counting else contextlib.nullcontext():
             loss.backward()
         result["scopes"][scope] = {
             "recomputed": {
@@ -404,7 +407,7 @@ def recompute_counts(
                 ]
                 for name, block in blocks.items()
             },
-            "ops": {name: _block_ops(forward, backward, name) for name in blocks},
+            "ops": {name: _block_ops(forward, backward, name) for name in blocks} if counting else {},
             "grads": grads_of(model),
         }
     device, dtype = device_of(plain), dtype_of(plain)
