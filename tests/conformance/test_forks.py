@@ -164,6 +164,10 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_ddp_autocast_casts_output": [
         ("ddp.autocast_dtype", r"the forward's matmuls ran in \['torch\.float32'\], expected torch\.bfloat16")
     ],
+    "broken_ddp_autocast_output_float32": [
+        ("ddp.autocast_dtype", r"the wrapped forward returned torch\.float32, torch\.autocast's forward of the same "
+                               r"model returns torch\.bfloat16")
+    ],
     "broken_ddp_selective_is_full": [
         ("ddp.activation_checkpointing_selective", r"ran 4 of its 4 matmuls again during backward; expected strictly")
     ],

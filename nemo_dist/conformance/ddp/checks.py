@@ -349,7 +349,8 @@ def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -
 
 @check("ddp.autocast_dtype", tier="extended", component="ddp")
 def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
-    """autocast_dtype: matmuls in bf16/fp16, parameters and grads float32 and as torch.autocast's; None: all float32."""
+    """autocast_dtype: matmuls in bf16/fp16, the output's dtype, parameters and grads float32 and as torch.autocast's;
+    None: all float32."""
     global_x = _global_batch(13, 2 * world.size).float()
     for dtype in (torch.bfloat16, torch.float16, None):
         ran = str(dtype or torch.float32)
@@ -362,6 +363,10 @@ def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
             assert set(got["matmuls"]) == {ran}, (
                 f"{what}: the forward's matmuls ran in {sorted(set(got['matmuls']))}, expected {ran} "
                 f"(the output is {got['output']})"
+            )
+            assert got["output"] == got["reference_output"], (
+                f"{what}: the wrapped forward returned {got['output']}, torch.autocast's forward of the same model "
+                f"returns {got['reference_output']} (is the output cast, or the forward run outside autocast?)"
             )
             stray = [op for op in got["floating"] if not op.endswith(ran)] if dtype is None else []
             assert not stray, f"{what}: ops of the forward computed in other dtypes than float32: {stray}"

@@ -117,7 +117,8 @@ def autocast_ops(impl: Implementation, autocast_dtype: Any, global_x: torch.Tens
     """Train step of a float32 tiny model with ``autocast_dtype``: what ran in which dtype, and the gradients.
 
     Returns ``{"params": parameter dtypes after wrapping, "output": the wrapped
-    output's dtype, "matmuls": the output dtype of every matmul of the forward,
+    output's dtype, "reference_output": the reference forward's (what
+    ``torch.autocast`` makes of the same model), "matmuls": the output dtype of every matmul of the forward,
     "floating": {"op: dtype"} of every floating-point output of the forward,
     "grad_dtypes": gradient dtypes, "grads": [...], "reference": [...]}``
     (dtypes as strings). ``reference`` holds the gradients of the same model in
@@ -140,6 +141,7 @@ def autocast_ops(impl: Implementation, autocast_dtype: Any, global_x: torch.Tens
     return {
         "params": params,
         "output": str(out.dtype),
+        "reference_output": str(full.dtype),
         "matmuls": recorder.matmuls,
         "floating": sorted(recorder.floating),
         "grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None}),
