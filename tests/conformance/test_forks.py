@@ -164,6 +164,9 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_ddp_autocast_casts_output": [
         ("ddp.autocast_dtype", r"the forward's matmuls ran in \['torch\.float32'\], expected torch\.bfloat16")
     ],
+    "broken_gather_x_positional_only": [
+        ("gather.takes_x_by_keyword", r"all_gather_no_grad\(x=\.\.\.\) raised TypeError: .*the documented signature")
+    ],
     "broken_ddp_autocast_output_float32": [
         ("ddp.autocast_dtype", r"the wrapped forward returned torch\.float32, torch\.autocast's forward of the same "
                                r"model returns torch\.bfloat16")

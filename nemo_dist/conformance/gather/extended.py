@@ -40,6 +40,7 @@ __all__ = [
     "FIXED_GROUP_EXAMPLE",
     "group_uses_group_ranks",
     "no_grad_never_requires_grad",
+    "takes_x_by_keyword",
     "uneven_gathers_rows_in_rank_order",
     "uneven_mismatch_raises_on_every_rank",
     "uneven_no_grad_gathers_integers_and_bools",
@@ -269,6 +270,28 @@ def uninitialised_no_grad_never_requires_grad(world: None, impl: Implementation)
     x = torch.arange(6.0).reshape(2, 3).requires_grad_()
     out = impl.module("gather").all_gather_no_grad(x)
     assert not out.requires_grad, "without a process group, all_gather_no_grad(x) requires grad (x itself returned?)"
+
+
+@check("gather.takes_x_by_keyword", tier="extended", component="gather", needs_world=False)
+def takes_x_by_keyword(world: None, impl: Implementation) -> None:
+    """Both functions take their input as ``x=``, as the documented signatures name it (``all_gather_no_grad(x)``).
+
+    Run without a process group (each returns what it was given): a caller
+    writing ``all_gather_no_grad(x=t)`` must not meet a TypeError.
+    """
+    target(impl).require_module("the documented signature all_gather_*(x)")
+    require_no_group()
+    module = impl.module("gather")
+    x = torch.arange(6.0).reshape(2, 3)
+    for name in ("all_gather_with_grad", "all_gather_no_grad"):
+        try:
+            out = getattr(module, name)(x=x)
+        except TypeError as error:
+            raise AssertionError(
+                f"{name}(x=...) raised TypeError: {error}; the documented signature is {name}(x), so x may be "
+                "passed by keyword (a positional-only or renamed parameter breaks such callers)"
+            ) from None
+        assert torch.equal(out, x), f"without a process group, {name}(x=x) returned {out.tolist()}, not x's values"
 
 
 @check("gather.zero_dim_raises_on_every_rank", tier="extended", component="gather")
