@@ -167,6 +167,10 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_gather_x_positional_only": [
         ("gather.takes_x_by_keyword", r"all_gather_no_grad\(x=\.\.\.\) raised TypeError: .*the documented signature")
     ],
+    "broken_ddp_recompute_outside_autocast": [
+        ("ddp.autocast_dtype", r"CheckpointError: torch\.utils\.checkpoint: Recomputed values for the following "
+                               r"tensors have different metadata")
+    ],
     "broken_ddp_autocast_output_float32": [
         ("ddp.autocast_dtype", r"the wrapped forward returned torch\.float32, torch\.autocast's forward of the same "
                                r"model returns torch\.bfloat16")

@@ -349,8 +349,8 @@ def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -
 
 @check("ddp.autocast_dtype", tier="extended", component="ddp")
 def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
-    """autocast_dtype: matmuls in bf16/fp16, the output's dtype, parameters and grads float32 and as torch.autocast's;
-    None: all float32."""
+    """autocast_dtype: matmuls in bf16/fp16 (a checkpointed block's recompute too), the output's dtype, parameters and
+    grads float32 and as torch.autocast's; None: all float32."""
     global_x = _global_batch(13, 2 * world.size).float()
     for dtype in (torch.bfloat16, torch.float16, None):
         ran = str(dtype or torch.float32)
@@ -372,6 +372,17 @@ def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
             assert not stray, f"{what}: ops of the forward computed in other dtypes than float32: {stray}"
             assert got["grad_dtypes"] == ["torch.float32"], f"{what}: gradients are {got['grad_dtypes']}, not float32"
             # Half-precision forwards (and possibly TF32 float32 matmuls on a GPU) on another split of the batch.
+            assert_close_lists(
+                got["grads"], got["reference"], f"{what}: gradients vs an explicit torch.autocast", TOLERANCE_BF16
+            )
+    for mode in (True, "selective"):  # a checkpointed block's recompute must run under autocast too
+        for rank, got in enumerate(world.run(op_ranks.autocast_ops, impl, torch.bfloat16, global_x, mode)):
+            what = f"autocast_dtype=torch.bfloat16 with activation_checkpointing={mode!r}, rank {rank}"
+            seen = sorted(set(got["matmuls"]) | set(got["backward_matmuls"]))
+            assert seen == ["torch.bfloat16"], (
+                f"{what}: matmuls ran in {seen} in forward and backward, expected torch.bfloat16 only (is the "
+                "checkpointed forward recomputed outside autocast?)"
+            )
             assert_close_lists(
                 got["grads"], got["reference"], f"{what}: gradients vs an explicit torch.autocast", TOLERANCE_BF16
             )

@@ -113,13 +113,18 @@ def checkpoint_recompute(
     return result
 
 
-def autocast_ops(impl: Implementation, autocast_dtype: Any, global_x: torch.Tensor) -> dict[str, Any]:
+def autocast_ops(
+    impl: Implementation, autocast_dtype: Any, global_x: torch.Tensor, checkpointing: bool | str = False
+) -> dict[str, Any]:
     """Train step of a float32 tiny model with ``autocast_dtype``: what ran in which dtype, and the gradients.
 
     Returns ``{"params": parameter dtypes after wrapping, "output": the wrapped
     output's dtype, "reference_output": the reference forward's (what
     ``torch.autocast`` makes of the same model), "matmuls": the output dtype of every matmul of the forward,
     "floating": {"op: dtype"} of every floating-point output of the forward,
+    "backward_matmuls": the output dtype of every matmul of the backward (a
+    checkpointed block's recompute included, with ``checkpointing``: the
+    ``activation_checkpointing`` the model is wrapped with),
     "grad_dtypes": gradient dtypes, "grads": [...], "reference": [...]}``
     (dtypes as strings). ``reference`` holds the gradients of the same model in
     one process on the full batch, its forward under an explicit
@@ -127,13 +132,18 @@ def autocast_ops(impl: Implementation, autocast_dtype: Any, global_x: torch.Tens
     loss in float32 outside it, as the wrapped run computes it.
     """
     model = seeded(_TinyModel, 7, torch.float32)
-    wrapped = parallelizer(impl, {"autocast_dtype": autocast_dtype}).parallelize(model)
+    config: dict[str, Any] = {"autocast_dtype": autocast_dtype}
+    if checkpointing:
+        config["activation_checkpointing"] = checkpointing
+    wrapped = parallelizer(impl, config).parallelize(model)
     device, dtype = device_of(model), dtype_of(model)
     params = sorted({str(p.dtype) for p in model.parameters()})
     recorder = OpDtypes()
     with recorder:
         out = wrapped(local_rows(global_x, device).to(dtype))
-    square_loss(out).backward()
+    backward = OpDtypes()
+    with backward:
+        square_loss(out).backward()
     reference = seeded(_TinyModel, 7, torch.float32).to(device)
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         full = reference(global_x.to(device, torch.float32))
@@ -143,6 +153,7 @@ def autocast_ops(impl: Implementation, autocast_dtype: Any, global_x: torch.Tens
         "output": str(out.dtype),
         "reference_output": str(full.dtype),
         "matmuls": recorder.matmuls,
+        "backward_matmuls": backward.matmuls,
         "floating": sorted(recorder.floating),
         "grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None}),
         "grads": grads_of(model),
