@@ -186,6 +186,7 @@ _SUMMED = ("--conformance-ddp-fn", "tests.forks.gallery_ddp_summed:DataParallel"
            "-k", "wrapper and (trains_like_one_process or ranks_stay_identical)")
 
 
+@pytest.mark.thorough  # the same wrapper's cause: test_gallery_ddp's "summed" row (in process); options: one table
 def test_a_ddp_fn_wrapper_fails_under_pytest_with_its_likely_cause() -> None:
     """A wrapper summing gradients, held to the default mean, fails training under pytest with that cause."""
     from nemo_dist.conformance.wrapper.diagnosis import CAUSES

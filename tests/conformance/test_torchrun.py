@@ -80,6 +80,7 @@ def test_the_torchrun_reproduce_prefix_names_the_launch_of_this_world(
     assert cli._torchrun_command(args) == f"{launch} -m nemo_dist.conformance --tier core --max-examples 3"
 
 
+@pytest.mark.thorough  # torchrun's front end: the failing run above; the wrapper's cause: test_gallery_ddp
 def test_a_ddp_fn_wrapper_is_checked_in_a_torchrun_world_with_its_likely_cause() -> None:
     """--ddp-fn under torchrun: a summing wrapper (mean declared) fails its training check, naming the cause."""
     result = run_torchrun(
