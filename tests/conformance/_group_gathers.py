@@ -18,28 +18,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_dist.conformance.gather.ranks import _WarmUpGather
+
 __all__ = ["gather_ignoring_group", "local_slot_at_global_rank", "local_slot_modulo"]
-
-
-class _WorldGather(torch.autograd.Function):
-    """Concatenating all-gather over the whole world; backward sums every rank's gradient and keeps its chunk."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad)
-        return grad.chunk(dist.get_world_size())[dist.get_rank()]
 
 
 def gather_ignoring_group(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Every rank's ``x`` over the whole world: ``group`` is accepted and ignored."""
-    return _WorldGather.apply(x)
+    return _WarmUpGather.apply(x)  # a concatenating all-gather over the whole world
 
 
 def _group_list(x: torch.Tensor, group: Any) -> list[torch.Tensor]:

@@ -23,6 +23,7 @@ from nemo_dist.conformance.ddp.entry_point import cpu_copy, dtype_of, params_of
 from nemo_dist.conformance.ddp.sharded import full
 from nemo_dist.conformance.ddp.wrapped import backward, rank_device, sgd, wrap
 from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.wrapper.ranks import _loss
 
 __all__ = ["NESTED_STEPS", "NestedModel", "nested_training"]
 
@@ -55,10 +56,6 @@ def _batch(rows: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1_000 + step)
     tokens = torch.randint(0, _VOCAB, (rows,), generator=generator)
     return tokens, torch.randn(rows, _DIM, generator=generator, dtype=torch.float64)
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    return out.float().square().mean() if out.dtype in (torch.bfloat16, torch.float16) else out.square().mean()
 
 
 def _built() -> NestedModel:
