@@ -19,7 +19,8 @@ __all__ = ["OPTION_FIELDS", "ChosenByCode", "MissingParameter", "NotApplicable",
 OPTION_FIELDS: tuple[str, ...] = (
     "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg", "gather_output", "gather", "ddp", "config", "preset",
     "ddp_fn", "ddp_method", "ddp_kwarg", "ddp_output", "ddp_reduction", "ddp_buffers", "ddp_after_backward",
-    "ddp_grad_attr", "ddp_zero_grad", "ddp_start", "ddp_mesh", "gather_init", "backend",
+    "ddp_grad_attr", "ddp_zero_grad", "ddp_start", "ddp_mesh", "ddp_compute_dtype", "ddp_reduce_dtype", "gather_init",
+    "backend",
 )
 _OPTION_FIELD = re.compile(r"\{opt:(" + "|".join(OPTION_FIELDS) + r")\}")
 

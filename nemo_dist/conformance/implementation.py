@@ -38,7 +38,12 @@ class DDPWrapper:
     ``@mesh`` stays a :class:`~nemo_dist.conformance.symbols.Symbol` the rank fills).
     ``start`` is ``"identical"`` when the user declares that the wrapper expects
     identical weights on every rank (``--ddp-start identical``); ``mesh`` the
-    ``(R, S)`` of ``--ddp-mesh RxS`` (``@mesh`` then 2-D), None for a 1-D ``@mesh``.
+    ``(R, S)`` of ``--ddp-mesh RxS`` (``@mesh`` then 2-D), None for a 1-D ``@mesh``;
+    ``compute_dtype`` the dtype the wrapper is declared to compute in
+    (``--ddp-compute-dtype``, mixed precision; None: the model's own);
+    ``reduce_dtype`` the lowest precision it may reduce gradients in
+    (``--ddp-reduce-dtype``, float32 unless declared). Dtypes are torch's
+    names without ``torch.`` (``"bfloat16"``).
     """
 
     fn: str
@@ -52,6 +57,8 @@ class DDPWrapper:
     zero_grad: str | None = None
     start: str | None = None
     mesh: tuple[int, int] | None = None
+    compute_dtype: str | None = None
+    reduce_dtype: str = "float32"
 
     def call_kwargs(self) -> dict[str, Any]:
         """The ``kwargs`` with their values evaluated: a literal, or a ``Symbol`` for ``@name`` (filled by the rank)."""

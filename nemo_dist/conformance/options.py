@@ -112,8 +112,8 @@ OPTIONS: tuple[Option, ...] = (
         docs=(
             Doc(_NAMES, "any data-parallel wrapper instead of a ddp module, checked by behaviour (with `--ddp-method`, "
                         "`--ddp-kwarg`, `--ddp-output`, `--ddp-reduction`, `--ddp-buffers`, `--ddp-after-backward`, "
-                        '`--ddp-grad-attr`, `--ddp-zero-grad`, `--ddp-start`, `--ddp-mesh`: see "Any data-parallel '
-                        'wrapper" below)'),
+                        '`--ddp-grad-attr`, `--ddp-zero-grad`, `--ddp-start`, `--ddp-mesh`, `--ddp-compute-dtype`, '
+                        '`--ddp-reduce-dtype`: see "Any data-parallel wrapper" below)'),
             Doc(_WRAPPER, "a function taking the model, or a class constructed with it: `fn(model, **kwargs)`. The "
                           "model goes to the parameter named `model` or `module`, else to the first positional "
                           "parameter no `--ddp-kwarg` names (so `DistributedFairseqModel(args, model)` works with "
@@ -136,7 +136,10 @@ OPTIONS: tuple[Option, ...] = (
         "once); repeatable (the DDP fields are the field checks' to pass)",
         docs=(Doc(_WRAPPER, "a keyword passed on every call (to the constructor with `--ddp-method`), VALUE a Python "
                             "literal; a symbol filled on each rank: `@mesh` (the world's `DeviceMesh`, "
-                            "`init_device_mesh` on the backend's device type, `cpu` under gloo), `@device` (this "
+                            "`init_device_mesh` on the backend's device type, `cpu` under gloo; given to a parameter "
+                            "that wants a process group, annotated `ProcessGroup` or named `process_group`, `group` "
+                            "or `pg`, the mesh's group; to one that wants devices, a list of them or named "
+                            "`parallel_devices`, every rank's device), `@device` (this "
                             "rank's `torch.device`: its GPU under nccl, the CPU under gloo), `@devices` (every "
                             "rank's, in rank order: a strategy's `parallel_devices`), `@rank`, `@world_size`; or "
                             "`MODULE:NAME()`, an importable factory each rank calls once with no arguments (a "
@@ -193,6 +196,23 @@ OPTIONS: tuple[Option, ...] = (
         docs=(Doc(_WRAPPER, "makes `@mesh` 2-D, `(R, S)` with dimension names `(dp_replicate, dp_shard)`, as HSDP "
                             "takes it; a world of another size than R*S is not applicable, and R*S must be one of the "
                             "world sizes"),),
+    ),
+    Option(
+        "--ddp-compute-dtype", metavar="DTYPE", choices=("float64", "float32", "bfloat16", "float16"),
+        help="the dtype the wrapper computes forward and backward in (float64, float32, bfloat16 or float16; mixed "
+        "precision, such as bfloat16): the training checks then allow that dtype's rounding (default: the model's)",
+        docs=(Doc(_WRAPPER, "the dtype the wrapper computes forward and backward in (mixed precision: "
+                            "`MixedPrecisionPolicy(param_dtype=torch.bfloat16)`); the training checks then allow that "
+                            "dtype's rounding, derived from its unit roundoff. Undeclared, a wrapper computing in a "
+                            "lower precision fails them, with that cause"),),
+    ),
+    Option(
+        "--ddp-reduce-dtype", metavar="DTYPE", choices=("float64", "float32", "bfloat16", "float16"),
+        help="the lowest precision the wrapper may reduce gradients in (float64, float32, bfloat16 or float16), "
+        "observed from the collectives it runs (default float32)",
+        docs=(Doc(_WRAPPER, "the lowest precision the wrapper may reduce gradients in (default `float32`); "
+                            "`wrapper.reduces_in_declared_dtype` reads the dtype of every reduction the backend runs, "
+                            "so a `bfloat16` reduction fails whatever the tolerance"),),
     ),
     Option("--config", metavar="MODULE", help="module with DDPConfig",
            docs=(Doc(_NAMES, "a module with `DDPConfig`"),)),

@@ -32,7 +32,9 @@ INIT_SYMBOLS: tuple[str, ...] = ("group", "rank", "world_size")
 #: The values a rank fills for a ``--ddp-kwarg`` of a ``--ddp-fn`` wrapper, by name, and what each holds.
 WRAPPER_SYMBOLS: dict[str, str] = {
     "mesh": "the world's DeviceMesh on the backend's device type (cpu under gloo): 1-D over every rank, or the "
-    "2-D (dp_replicate, dp_shard) mesh --ddp-mesh RxS names",
+    "2-D (dp_replicate, dp_shard) mesh --ddp-mesh RxS names; passed to a parameter that wants a process group "
+    "(annotated ProcessGroup, or named process_group, group, pg) it is the mesh's group, and to one that wants "
+    "devices (a list of devices, or named parallel_devices) every rank's device",
     "device": "this rank's torch.device: its GPU under nccl (cuda:RANK modulo the GPUs), the CPU under gloo",
     "devices": "the list of every rank's torch.device, in rank order (what a strategy's parallel_devices takes)",
     "rank": "this rank's rank in the world",

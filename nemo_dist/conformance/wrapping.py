@@ -49,6 +49,7 @@ from nemo_dist.conformance.symbols import WRAPPER_SYMBOLS
 __all__ = [
     "BUFFERS",
     "DDP_FIELD_KEYWORDS",
+    "DTYPES",
     "MODEL_PARAMETERS",
     "REDUCTIONS",
     "STARTS",
@@ -77,6 +78,8 @@ REDUCTIONS: tuple[str, ...] = ("mean", "sum")
 BUFFERS: tuple[str, ...] = ("synced", "local")
 #: Values of ``--ddp-start``: the wrapper synchronises the start itself (the default), or expects it identical.
 STARTS: tuple[str, ...] = ("broadcast", "identical")
+#: The dtypes ``--ddp-compute-dtype`` and ``--ddp-reduce-dtype`` take, by their torch names.
+DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
 
 #: The option fields (``{opt:FIELD}``) of a ``--ddp-fn`` wrapper, as every front end declares them.
 WRAPPER_OPTION_FIELDS: tuple[str, ...] = (
@@ -91,6 +94,8 @@ WRAPPER_OPTION_FIELDS: tuple[str, ...] = (
     "ddp_zero_grad",
     "ddp_start",
     "ddp_mesh",
+    "ddp_compute_dtype",
+    "ddp_reduce_dtype",
 )
 
 _P = inspect.Parameter
@@ -172,6 +177,8 @@ def parse_wrapper(
     ddp_zero_grad: str | None = None,
     ddp_start: str | None = None,
     ddp_mesh: str | None = None,
+    ddp_compute_dtype: str | None = None,
+    ddp_reduce_dtype: str | None = None,
 ) -> DDPWrapper | None:
     """The :class:`DDPWrapper` the ``--ddp-*`` options name, or None without ``ddp_fn``.
 
@@ -189,6 +196,8 @@ def parse_wrapper(
         "ddp_zero_grad": ddp_zero_grad is not None,
         "ddp_start": ddp_start is not None,
         "ddp_mesh": ddp_mesh is not None,
+        "ddp_compute_dtype": ddp_compute_dtype is not None,
+        "ddp_reduce_dtype": ddp_reduce_dtype is not None,
     }
     if ddp_fn is None:
         for field, present in given.items():
@@ -216,6 +225,8 @@ def parse_wrapper(
         zero_grad=_method_name("ddp_zero_grad", ddp_zero_grad, "zero_grad_buffer"),
         start=None if start == "broadcast" else start,
         mesh=_mesh_shape(ddp_mesh, kwargs),
+        compute_dtype=_choice("ddp_compute_dtype", ddp_compute_dtype, DTYPES),
+        reduce_dtype=_choice("ddp_reduce_dtype", ddp_reduce_dtype, DTYPES) or "float32",
     )
 
 

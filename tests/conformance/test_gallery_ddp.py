@@ -32,6 +32,10 @@ G = "tests.forks.gallery_ddp_"
 NESTED = "wrapper.trains_a_nested_model"
 #: The training checks, which a wrong reduction fails.
 TRAINING = frozenset({"wrapper.trains_like_one_process", "wrapper.no_sync_accumulates", NESTED})
+#: The check reading each reduction's dtype from the backend's collectives.
+REDUCE_DTYPE = "wrapper.reduces_in_declared_dtype"
+#: The cause a reduction observed below the default --ddp-reduce-dtype (float32) gives.
+REDUCED_IN = CAUSES["reduced_in"].replace("{events}", "gloo:all_reduce").replace("{declared}", "float32")
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,8 @@ GALLERY: dict[str, Row] = {
     "detectron2_fp16": Row(
         _fn("detectron2:create_ddp_model", ddp_kwargs=["fp16_compression=True"]),
         1,
-        TRAINING,
-        CAUSES["lower_precision"].format(dtype="float16"),
+        TRAINING | {REDUCE_DTYPE},
+        REDUCED_IN.format(dtype="float16"),
     ),
     "megatron_unfinished": Row(
         _fn("megatron:DistributedDataParallel", ddp_kwargs=["ddp_config={}"], ddp_grad_attr="main_grad",
@@ -125,8 +129,8 @@ GALLERY: dict[str, Row] = {
     "bf16_reduce": Row(
         _fn("bf16_reduce:DataParallel"),
         1,
-        TRAINING | {"wrapper.world_of_one_trains"},
-        CAUSES["lower_precision"].format(dtype="bfloat16"),
+        TRAINING | {"wrapper.world_of_one_trains", REDUCE_DTYPE},
+        REDUCED_IN.format(dtype="bfloat16"),
     ),
     "mmengine_buffers_local": Row(
         _fn("mmengine:MMDistributedDataParallel", ddp_buffers="local"), 1, frozenset({"wrapper.buffers_as_declared"})
@@ -310,3 +314,22 @@ def test_what_only_a_first_call_shows_is_a_usage_error_in_one_line(
     with pytest.raises(OptionError) as raised:
         _run(options, world_factory, sizes=(2,))
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"ddp_fn": "torch.nn.parallel:DistributedDataParallel", "ddp_kwargs": ["process_group=@mesh"]},
+        _fn("device_strategy:DDPStrategy", ddp_method="setup_module",
+            ddp_kwargs=["parallel_devices=@mesh", f"cluster_environment={G}device_strategy:LocalEnvironment()"]),
+    ],
+    ids=["ddp-process-group", "strategy-parallel-devices"],
+)
+def test_mesh_is_filled_as_the_process_group_or_device_list_a_wrapper_wants(
+    options: dict[str, Any], world_factory: WorldFactory
+) -> None:
+    """@mesh passed to DDP's process_group is the mesh's group, to a strategy's parallel_devices the devices: both
+    wrappers start and train as one process on the full batch."""
+    names = ("wrapper.trains_like_one_process", "wrapper.ranks_stay_identical")
+    report, table = _run(options, world_factory, names, (2,))
+    assert [v.outcome for v in report.verdicts] == ["pass", "pass"], table

@@ -37,13 +37,15 @@ CAUSED = frozenset({"wrapper.trains_like_one_process", "wrapper.identical_start"
 
 @dataclass(frozen=True)
 class Row:
-    """One row: the options, the world sizes, the core exit status, the wrapper checks failing, their cause's start."""
+    """One row: the options, the world sizes, the core exit status, the wrapper checks failing, their cause's start
+    (or a part of it) and the failing checks that must name it."""
 
     options: dict[str, Any]
     sizes: tuple[int, ...] = (1, 2)
     exit_code: int = 0
     failing: frozenset[str] = frozenset()
     cause: str | None = None
+    cause_checks: frozenset[str] = CAUSED
 
 
 def _fn(spec: str, **options: Any) -> dict[str, Any]:
@@ -55,6 +57,38 @@ GALLERY: dict[str, Row] = {
     "torchtitan_summed": Row(_fn("torchtitan:apply_fsdp", ddp_start="identical", ddp_reduction="sum")),
     "hsdp_2x2": Row(_fn("hsdp:apply_hsdp", ddp_start="identical", ddp_mesh="2x2"), (4,)),
     "torchtune_rank0_broadcast": Row(_fn("torchtune:shard_and_load")),
+    "mixed_precision_declared": Row(
+        _fn("mixed_precision:apply_fsdp", ddp_start="identical", ddp_compute_dtype="bfloat16")
+    ),
+    "cpu_offload": Row(_fn("cpu_offload:apply_fsdp", ddp_start="identical")),
+    "mixed_precision_undeclared": Row(
+        _fn("mixed_precision:apply_fsdp", ddp_start="identical"), exit_code=1,
+        failing=TRAINING | {"wrapper.world_of_one_trains"},
+        cause=CAUSES["computes_in"].split(" (")[0].format(dtype="bfloat16"),
+    ),
+    "bf16_reduce": Row(
+        _fn("bf16_reduce:apply_fsdp", ddp_start="identical"), exit_code=1,
+        failing=TRAINING | {"wrapper.world_of_one_trains", "wrapper.reduces_in_declared_dtype"},
+        cause=CAUSES["reduced_in"].split(":")[0].format(dtype="bfloat16"),
+    ),
+    "divide_factor_on_root": Row(
+        _fn("divide_factor_on_root:apply_fsdp", ddp_start="identical", ddp_reduction="sum"), exit_code=1,
+        failing=frozenset({"wrapper.trains_a_nested_model"}), cause="averaged where sum was declared",
+        cause_checks=frozenset({"wrapper.trains_a_nested_model"}),
+    ),
+    "accumulation_drops": Row(
+        _fn("accumulation_drops:apply_fsdp", ddp_start="identical"), exit_code=1,
+        failing=frozenset({"wrapper.no_sync_accumulates"}), cause=CAUSES["no_sync_lost"],
+        cause_checks=frozenset({"wrapper.no_sync_accumulates"}),
+    ),
+    "stale_reshard": Row(
+        _fn("stale_reshard:apply_fsdp", ddp_start="identical"), exit_code=1,
+        # Accumulation takes one step, on the first weights: only a second step sees them stale.
+        failing=frozenset(
+            {"wrapper.trains_like_one_process", "wrapper.world_of_one_trains", "wrapper.trains_a_nested_model"}
+        ),
+        cause=CAUSES["stale"].split(" (")[0],
+    ),
     "torchtitan_mean_declared": Row(
         _fn("torchtitan:apply_fsdp", ddp_start="identical"), exit_code=1, failing=TRAINING,
         cause=CAUSES["sum_for_mean"],
@@ -109,7 +143,7 @@ def test_sharded_wrapper_gets_its_verdict_and_likely_cause(name: str, world_fact
     failed = {v.check for v in report.verdicts if v.failed and v.tier == "core" and v.check.startswith("wrapper.")}
     assert failed == row.failing, table
     if row.cause is not None:
-        caused = [v for v in report.verdicts if v.failed and v.check in row.failing & CAUSED]
+        caused = [v for v in report.verdicts if v.failed and v.check in row.failing & row.cause_checks]
         assert caused, table
         assert all(row.cause in (v.cause or "") for v in caused), table
     assert not [v for v in report.verdicts if v.outcome == "hang"], table

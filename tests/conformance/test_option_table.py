@@ -148,10 +148,11 @@ def test_choices_and_defaults_repeat_the_engine_constants() -> None:
     from nemo_dist.conformance import PRESETS, TIERS
     from nemo_dist.conformance.deadlines import FLOOR_S
     from nemo_dist.conformance.target import GATHER_FORMS
-    from nemo_dist.conformance.wrapping import BUFFERS, REDUCTIONS, STARTS
+    from nemo_dist.conformance.wrapping import BUFFERS, DTYPES, REDUCTIONS, STARTS
 
     engine = {"gather_form": GATHER_FORMS, "tier": TIERS, "preset": tuple(PRESETS), "ddp_reduction": REDUCTIONS,
-              "ddp_buffers": BUFFERS, "ddp_start": STARTS, "backend": ("gloo", "nccl")}
+              "ddp_buffers": BUFFERS, "ddp_start": STARTS, "backend": ("gloo", "nccl"),
+              "ddp_compute_dtype": DTYPES, "ddp_reduce_dtype": DTYPES}
     assert {o.dest: o.choices for o in options.OPTIONS if o.choices} == engine
     for field, choices in engine.items():
         text = f"{options.option(field).metavar} {options.option(field).help}"
@@ -177,7 +178,7 @@ def test_the_command_reproduce_line_repeats_the_marked_options_in_table_order() 
         "prog --gather 3 --gather-fn 3 --no-grad-fn 3 --gather-form 3 --gather-kwarg a=1 --gather-kwarg b=2 "
         "--gather-init a=1 --gather-init b=2 --gather-output 3 --ddp 3 --ddp-fn 3 --ddp-method 3 --ddp-kwarg a=1 "
         "--ddp-kwarg b=2 --ddp-output 3 --ddp-reduction 3 --ddp-buffers 3 --ddp-after-backward 3 --ddp-grad-attr 3 "
-        "--ddp-zero-grad 3 --ddp-start 3 --ddp-mesh 3 "
+        "--ddp-zero-grad 3 --ddp-start 3 --ddp-mesh 3 --ddp-compute-dtype 3 --ddp-reduce-dtype 3 "
         "--config 3 --preset 3 --backend 3 --tier 3 --max-examples 3 --strict --timeout 3 "
         "--min-deadline 3 --hypothesis-db 3"
     )
@@ -205,6 +206,7 @@ def test_the_pytest_reproduce_line_repeats_the_marked_options_in_table_order(pyt
         "--conformance-ddp-kwarg b=2 --conformance-ddp-output 3 --conformance-ddp-reduction 3 "
         "--conformance-ddp-buffers 3 --conformance-ddp-after-backward 3 --conformance-ddp-grad-attr 3 "
         "--conformance-ddp-zero-grad 3 --conformance-ddp-start 3 --conformance-ddp-mesh 3 "
+        "--conformance-ddp-compute-dtype 3 --conformance-ddp-reduce-dtype 3 "
         "--conformance-config 3 --conformance-preset 3 --conformance-backend 3 "
         "--conformance-tier 3 --conformance-max-examples 3 --conformance-min-deadline 3 "
         "--conformance-hypothesis-db 3 --dist-world-sizes 2 --hypothesis-seed=7"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.distributed import ProcessGroup
 
 from nemo_dist.conformance import NotSupported
 from nemo_dist.conformance.cli import main
@@ -182,3 +183,29 @@ def test_a_factory_value_is_made_once_per_rank_for_gather_and_wrapper_calls() ->
     gathered = filled({"environment": value_of(text)}, None, None)
     assert type(first["cluster_environment"]).__name__ == "LocalEnvironment"
     assert first["cluster_environment"] is second["cluster_environment"] is gathered["environment"]
+
+
+def _takes_group(model: Any, group: ProcessGroup | None = None, pg: Any = None) -> None: ...
+
+
+def _takes_devices(model: Any, devices: list[torch.device] | None = None, mesh: Any = None, other: Any = None) -> None:
+    ...
+
+
+@pytest.mark.parametrize(
+    ("fn", "name", "form"),
+    [
+        (_takes_group, "group", "group"),
+        (_takes_group, "pg", "group"),
+        (_takes_devices, "devices", "devices"),
+        (_takes_devices, "mesh", "mesh"),
+        (_takes_devices, "other", "mesh"),
+        (torch.nn.parallel.DistributedDataParallel, "process_group", "group"),
+    ],
+)
+def test_mesh_takes_the_form_the_receiving_parameter_wants(fn: Any, name: str, form: str) -> None:
+    """@mesh becomes a process group or a device list where the annotation (or else the name) asks for one."""
+    from nemo_dist.conformance.ddp.mesh import mesh_form
+
+    parameter = inspect.signature(fn).parameters.get(name)
+    assert mesh_form(name, parameter) == form

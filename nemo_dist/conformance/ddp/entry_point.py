@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_dist.conformance.ddp.sharded import full
+from nemo_dist.conformance.ddp.sharded import cpu_copy
 from nemo_dist.conformance.ddp.templates import seeded_template
 from nemo_dist.conformance.ddp.wrapped import wrap
 from nemo_dist.conformance.errors import ChosenByCode
@@ -162,15 +162,6 @@ def local_rows(global_batch: torch.Tensor, device: torch.device) -> torch.Tensor
     rank, size = dist.get_rank(), dist.get_world_size()
     rows = global_batch.shape[0] // size
     return global_batch[rank * rows : (rank + 1) * rows].to(device)
-
-
-def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A detached CPU copy of ``tensor`` (always a copy, never an alias of a bucket or parameter).
-
-    A DTensor's copy is of its full tensor (:func:`~nemo_dist.conformance.ddp.sharded.full`): a collective,
-    so every rank copies the same tensors in the same order.
-    """
-    return full(tensor.detach()).to("cpu", copy=True)
 
 
 def params_of(model: nn.Module) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ than ``R*S`` cannot hold that mesh: :func:`world_mesh` raises
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch.distributed as dist
@@ -17,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from nemo_dist.conformance.errors import NotApplicable
 
-__all__ = ["HSDP_DIM_NAMES", "mesh_mismatch", "world_mesh"]
+__all__ = ["HSDP_DIM_NAMES", "mesh_form", "mesh_mismatch", "world_mesh"]
 
 #: The dimension names of the 2-D mesh ``--ddp-mesh RxS`` makes: replicas, then shards within a replica.
 HSDP_DIM_NAMES: tuple[str, str] = ("dp_replicate", "dp_shard")
@@ -54,3 +55,36 @@ def world_mesh(shape: tuple[int, int] | None, device_type: str) -> Any:
         names = None if shape is None else HSDP_DIM_NAMES
         _BUILT[key] = init_device_mesh(device_type, dims, mesh_dim_names=names)
     return _BUILT[key]
+
+
+def _annotation_text(parameter: inspect.Parameter | None) -> str:
+    if parameter is None or parameter.annotation is inspect.Parameter.empty:
+        return ""
+    annotation = parameter.annotation
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "") or repr(annotation)
+
+
+def mesh_form(name: str, parameter: inspect.Parameter | None) -> str:
+    """What a wrapper's parameter ``name`` wants where ``@mesh`` is passed to it: "mesh", "group" or "devices".
+
+    Its annotation says so where it names ``DeviceMesh``, ``ProcessGroup`` or
+    a sequence of devices; else its name: one naming a group (``process_group``,
+    ``group``, ``pg``) wants the mesh's process group, one naming devices
+    (``parallel_devices``, as Lightning's strategies take) the list of the
+    mesh's devices; anything else gets the DeviceMesh itself.
+    """
+    annotation = _annotation_text(parameter)
+    if "DeviceMesh" in annotation:
+        return "mesh"
+    if "ProcessGroup" in annotation:
+        return "group"
+    lowered = name.lower()
+    if "device" in annotation.lower() and any(word in annotation for word in ("list", "List", "Sequence", "tuple")):
+        return "devices"
+    if "mesh" in lowered:
+        return "mesh"
+    if "group" in lowered or lowered == "pg":
+        return "group"
+    if "devices" in lowered:
+        return "devices"
+    return "mesh"

@@ -22,12 +22,21 @@ from torch import nn
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["full", "is_sharded", "sharding"]
+__all__ = ["cpu_copy", "full", "is_sharded", "sharding"]
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of ``tensor``: a DTensor's full tensor (a collective over its mesh), any other tensor itself."""
     return tensor.full_tensor() if _is_dtensor(tensor) else tensor
+
+
+def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy of ``tensor`` (always a copy, never an alias of a bucket or parameter).
+
+    A DTensor's copy is of its full tensor (:func:`full`): a collective, so
+    every rank copies the same tensors in the same order.
+    """
+    return full(tensor.detach()).to("cpu", copy=True)
 
 
 def is_sharded(tensors: Iterable[torch.Tensor]) -> bool:

@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nemo_dist.conformance.ddp.mesh import world_mesh
+from nemo_dist.conformance.ddp.mesh import mesh_form, world_mesh
+from nemo_dist.conformance.ddp.sharded import cpu_copy
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.implementation import DDPWrapper
 from nemo_dist.conformance.importing import made, resolve_callable
@@ -53,6 +54,7 @@ __all__ = [
     "field_keywords",
     "filled_keywords",
     "gradients",
+    "held",
     "rank_device",
     "sgd",
     "world_devices",
@@ -80,7 +82,11 @@ class Wrapped:
     None came back); ``returned`` says what came back; ``ddp`` the
     ``DistributedDataParallel`` found inside (None: none) and ``ddp_at``
     where (``"what came back"``, ``".module"``, ``"composable replicate's state"``);
-    ``wrapper`` the wrapper and its step protocol.
+    ``wrapper`` the wrapper and its step protocol; ``params`` the model's
+    parameters as wrapping left them: what a trainer's optimizer, built right
+    after wrapping, holds and steps. A sharded wrapper may register other
+    tensors on the module while it holds the parameters unsharded (FSDP2
+    between a forward and a reshard); the steps and reports go through these.
     """
 
     model: nn.Module
@@ -89,6 +95,7 @@ class Wrapped:
     ddp: DistributedDataParallel | None
     ddp_at: str
     wrapper: DDPWrapper
+    params: tuple[nn.Parameter, ...] = ()
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,10 +144,25 @@ def field_keywords(wrapper: DDPWrapper, fields: Mapping[str, Any]) -> dict[str, 
     return keywords
 
 
-def _symbol_value(name: str, wrapper: DDPWrapper) -> Any:
-    """What ``@name`` of :data:`~nemo_dist.conformance.symbols.WRAPPER_SYMBOLS` is on this rank."""
+def _mesh_value(wrapper: DDPWrapper, keyword: str) -> Any:
+    """``@mesh`` in the form the wrapper's ``keyword`` parameter wants (:func:`~.mesh.mesh_form`): the world's
+    DeviceMesh, its process group (a 2-D mesh's: the whole world's, every data-parallel rank), or every rank's
+    device in rank order."""
+    mesh = world_mesh(wrapper.mesh, rank_device().type)
+    takes, _ = receivers(_callable(wrapper.fn), wrapper.method)
+    parameter = next((p for p in takes or () if p.name == keyword), None)
+    form = mesh_form(keyword, parameter)
+    if form == "group":
+        return mesh.get_group() if mesh.ndim == 1 else dist.group.WORLD
+    if form == "devices":
+        return world_devices()
+    return mesh
+
+
+def _symbol_value(name: str, wrapper: DDPWrapper, keyword: str) -> Any:
+    """What ``@name`` of :data:`~nemo_dist.conformance.symbols.WRAPPER_SYMBOLS` is here, passed as ``keyword``."""
     if name == "mesh":
-        return world_mesh(wrapper.mesh, rank_device().type)
+        return _mesh_value(wrapper, keyword)
     if name == "device":
         return rank_device()
     if name == "devices":
@@ -153,7 +175,8 @@ def _symbol_value(name: str, wrapper: DDPWrapper) -> Any:
 
 
 def filled_keywords(wrapper: DDPWrapper) -> dict[str, Any]:
-    """The wrapper's ``--ddp-kwarg`` keywords filled on this rank: each ``@symbol`` (``@mesh``: the world's mesh;
+    """The wrapper's ``--ddp-kwarg`` keywords filled on this rank: each ``@symbol`` (``@mesh``: the world's mesh, or
+    its process group or devices where the parameter wants those;
     ``@device``, ``@devices``, ``@rank``, ``@world_size``) and each ``MODULE:NAME()`` (called once per rank).
 
     Raises ``NotApplicable`` where this world cannot hold the ``--ddp-mesh`` mesh.
@@ -161,7 +184,7 @@ def filled_keywords(wrapper: DDPWrapper) -> dict[str, Any]:
     keywords = wrapper.call_kwargs()
     for name, value in keywords.items():
         if isinstance(value, Symbol):
-            keywords[name] = _symbol_value(value.name, wrapper)
+            keywords[name] = _symbol_value(value.name, wrapper, name)
         elif isinstance(value, Factory):
             keywords[name] = made(value.path)
     return keywords
@@ -242,7 +265,7 @@ def wrap(wrapper: DDPWrapper, model: nn.Module, fields: Mapping[str, Any] | None
         returned = f"the model itself ({type(model).__name__})"
     else:
         returned = type(out).__name__
-    return Wrapped(model, trained, returned, ddp, at, wrapper)
+    return Wrapped(model, trained, returned, ddp, at, wrapper, tuple(model.parameters()))
 
 
 def _replicate_ddp(module: Any) -> DistributedDataParallel | None:
@@ -286,23 +309,28 @@ def backward(wrapped: Wrapped, loss: torch.Tensor, *, sync: bool = True) -> None
 
 
 def gradients(wrapped: Wrapped) -> list[torch.Tensor | None]:
-    """The model's gradients as the wrapper leaves them (``param.grad``, or the declared attribute)."""
+    """The gradients of ``wrapped.params`` as the wrapper leaves them (``param.grad``, or the declared attribute)."""
     name = wrapped.wrapper.grad_attr
-    return [p.grad if name is None else getattr(p, name, None) for p in wrapped.model.parameters()]
+    return [p.grad if name is None else getattr(p, name, None) for p in wrapped.params]
+
+
+def held(wrapped: Wrapped) -> list[torch.Tensor]:
+    """CPU copies of ``wrapped.params`` (whole where sharded): the weights a trainer's optimizer holds."""
+    return [cpu_copy(p) for p in wrapped.params]
 
 
 def clear(wrapped: Wrapped) -> None:
-    """The declared zeroing method, then ``param.grad = None`` for every parameter."""
+    """The declared zeroing method, then ``param.grad = None`` for every parameter (held, or registered now)."""
     if wrapped.wrapper.zero_grad is not None:
         getattr(wrapped.trained, wrapped.wrapper.zero_grad)()
-    for p in wrapped.model.parameters():
+    for p in (*wrapped.params, *wrapped.model.parameters()):
         p.grad = None
 
 
 def sgd(wrapped: Wrapped, lr: float) -> None:
-    """One plain SGD step of the model on :func:`gradients`, then :func:`clear`."""
+    """One plain SGD step of ``wrapped.params`` on :func:`gradients`, then :func:`clear`."""
     with torch.no_grad():
-        for p, g in zip(wrapped.model.parameters(), gradients(wrapped), strict=True):
+        for p, g in zip(wrapped.params, gradients(wrapped), strict=True):
             if g is not None:
                 p.sub_(lr * g.to(p.dtype))
     clear(wrapped)

@@ -30,10 +30,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nemo_dist.conformance.ddp.expectations import (
+    COMPUTE_ROUNDINGS,
     TOLERANCE_FLOAT64,
     assert_close_lists,
-    lists_plainly_close,
-    tolerance_for,
+    assert_close_rounded,
+    computed_in,
 )
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import DDPWrapper, Implementation
@@ -49,6 +50,7 @@ __all__ = [
     "no_sync_accumulates",
     "no_sync_skips_reduction",
     "ranks_stay_identical",
+    "reduces_in_declared_dtype",
     "trains_a_nested_model",
     "trains_like_one_process",
     "world_of_one_trains",
@@ -78,9 +80,20 @@ def _explained(cause: Callable[[], str]) -> Iterator[None]:
         raise
 
 
-def _tolerance(dtype: str) -> dict[str, float]:
-    """The tolerance of a comparison computed in ``dtype`` (the wrapper's, when it changed the model's)."""
-    return tolerance_for(dtype, TOLERANCE_FLOAT64)
+def _assert_close(
+    actual: list[Any], expected: list[Any], what: str, wrapper: DDPWrapper, dtype: str
+) -> None:
+    """``actual`` equals ``expected`` within float64's rounding, or the rounding of the dtype the rank computed in.
+
+    Below float64 the tolerance is derived from that dtype
+    (:func:`~nemo_dist.conformance.ddp.expectations.rounding_tolerance`):
+    :data:`COMPUTE_ROUNDINGS` roundings of the largest value compared.
+    """
+    computed = computed_in(dtype, wrapper.compute_dtype)
+    if computed == torch.float64:
+        assert_close_lists(actual, expected, what, TOLERANCE_FLOAT64)
+    else:
+        assert_close_rounded(actual, expected, what, computed, COMPUTE_ROUNDINGS, per_tensor=False)
 
 
 def _power_of_two(n: int) -> bool:
@@ -91,7 +104,7 @@ def _exact_params(
     impl: Implementation, kind: str, seed: int, global_batch: torch.Tensor, size: int, dtype: str
 ) -> list[torch.Tensor] | None:
     """The exact parameters after each step when float64 computes them exactly in any order, else None."""
-    if kind != "integers" or dtype != "torch.float64":
+    if kind != "integers" or computed_in(dtype, _wrapper(impl).compute_dtype) != torch.float64:
         return None
     weight, bias = ranks.initial_weights(seed, kind)
     run = exact_training(
@@ -109,7 +122,7 @@ def _assert_trains(world: WorldLike, impl: Implementation, kind: str, seed: int,
     results = world.run(ranks.train, impl, seed, kind, global_batch, STEPS)
     exact = _exact_params(impl, kind, seed, global_batch, world.size, results[0]["dtype"])
     declared = f"under --ddp-reduction {wrapper.reduction}, {kind} data, {rows} row(s) per rank"
-    with _explained(lambda: diagnosis.training_cause(results, wrapper.reduction)):
+    with _explained(lambda: diagnosis.training_cause(results, wrapper)):
         for rank, got in enumerate(results):
             for step, params in enumerate(got["params"], start=1):
                 what = f"rank {rank}, parameters after step {step} vs one process on the full batch ({declared})"
@@ -120,7 +133,7 @@ def _assert_trains(world: WorldLike, impl: Implementation, kind: str, seed: int,
                         f"got      {params.tolist()}\nexpected {exact[step - 1].tolist()}"
                     )
                 else:
-                    assert_close_lists([params], [got["reference"][step - 1]], what, _tolerance(got["dtype"]))
+                    _assert_close([params], [got["reference"][step - 1]], what, wrapper, got["dtype"])
     return results
 
 
@@ -173,7 +186,7 @@ def ranks_stay_identical(world: WorldLike, impl: Implementation) -> None:
     wrapper = _wrapper(impl)
     seed, rows = 3, 2
     results = world.run(ranks.train, impl, seed, "normal", ranks.batch(seed, "normal", rows * world.size), STEPS)
-    with _explained(lambda: diagnosis.training_cause(results, wrapper.reduction)):
+    with _explained(lambda: diagnosis.training_cause(results, wrapper)):
         for rank, got in enumerate(results[1:], start=1):
             for step, (params, first) in enumerate(zip(got["params"], results[0]["params"], strict=True), start=1):
                 assert torch.equal(params, first), (
@@ -194,7 +207,7 @@ def _assert_accumulates(world: WorldLike, impl: Implementation, kind: str, seed:
     if results[0]["offered"] is None:
         raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
     exact = kind == "integers" and _power_of_two(world.size) and _power_of_two(rows)
-    with _explained(lambda: diagnosis.no_sync_cause(results, wrapper.reduction)):
+    with _explained(lambda: diagnosis.no_sync_cause(results, wrapper)):
         for rank, got in enumerate(results):
             what = (
                 f"rank {rank}: gradient after 2 micro-batches under {got['offered']} and 1 synced vs one big "
@@ -206,7 +219,7 @@ def _assert_accumulates(world: WorldLike, impl: Implementation, kind: str, seed:
                     f"{what}, exact:\ngot      {got['grad'].tolist()}\nexpected {got['expected'].tolist()}"
                 )
             else:
-                assert_close_lists([got["grad"]], [got["expected"]], what, _tolerance(got["dtype"]))
+                _assert_close([got["grad"]], [got["expected"]], what, wrapper, got["dtype"])
 
 
 @check("wrapper.no_sync_accumulates", tier="core", component="wrapper", min_world=2)
@@ -226,36 +239,62 @@ def no_sync_skips_reduction(world: WorldLike, impl: Implementation) -> None:
         raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
     for rank, got in enumerate(results):
         ran = got["unsynced_reductions"]
+        names = ", ".join(sorted({name for name, _ in ran}))
         assert not ran, (
             f"rank {rank}: 2 backward passes under {got['offered']} ran {len(ran)} gradient reduction(s) "
-            f"({', '.join(sorted(set(ran)))}); skipping them is what {got['offered']} is for (the gradient may "
+            f"({names}); skipping them is what {got['offered']} is for (the gradient may "
             "still come out right: reducing each micro-batch and summing equals reducing the sum)"
         )
+
+
+@check("wrapper.reduces_in_declared_dtype", tier="core", component="wrapper")
+def reduces_in_declared_dtype(world: WorldLike, impl: Implementation) -> None:
+    """Every gradient reduction a training step runs reduces tensors at least as precise as --ddp-reduce-dtype
+    (float32 unless declared), read from the backend's collectives themselves, whatever the result's tolerance."""
+    wrapper = _wrapper(impl)
+    kind, seed, rows = FIXED_EXAMPLES[1]
+    results = world.run(ranks.train, impl, seed, kind, ranks.batch(seed, kind, rows * world.size), 1)
+    typed = [(event, dtype) for got in results for event, dtype in got["reduced"] if dtype]
+    if not typed:
+        ran = "no gradient reduction ran" if not any(got["reduced"] for got in results) else (
+            "the profiler recorded no dtype of the reductions that ran"
+        )
+        raise NotApplicable(f"{ran} in a training step in a world of {world.size}")
+    with _explained(lambda: diagnosis.precision_cause(results, wrapper)):
+        for rank, got in enumerate(results):
+            low = diagnosis.reductions_below(got["reduced"], wrapper.reduce_dtype)
+            assert not low, (
+                f"rank {rank}: a training step's backward reduced gradients in {low[0][1]} "
+                f"({', '.join(f'{event} on {dtype}' for event, dtype in low)}), below --ddp-reduce-dtype "
+                f"{wrapper.reduce_dtype}; the model's parameters are {got['dtype']}"
+            )
 
 
 @check("wrapper.trains_a_nested_model", tier="core", component="wrapper")
 def trains_a_nested_model(world: WorldLike, impl: Implementation) -> None:
     """A model shaped like real ones (root parameter, embedding, norm, buffer, dropout, keyword argument) trains in
     train mode as one process does on the full batch, every parameter of it, on every rank."""
+    wrapper = _wrapper(impl)
     results = world.run(nested.nested_training, impl)
+    with _explained(lambda: diagnosis.nested_cause(results, wrapper)):
+        _assert_nested(results, wrapper)
+
+
+def _assert_nested(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> None:
     for rank, got in enumerate(results):
         evaluated = [i for i, (model, dropout) in enumerate(got["modes"]) if not (model and dropout)]
         assert not evaluated, (
             f"rank {rank}: forward {evaluated[0] + 1} ran in eval mode (model.training, dropout.training = "
             f"{got['modes'][evaluated[0]]}); a wrapper must leave the model in the train mode it was given"
         )
-        tolerance = _tolerance(got["dtype"])
         for step, (params, reference) in enumerate(zip(got["params"], got["reference"], strict=True), start=1):
-            if lists_plainly_close(params, reference, tolerance):
-                continue
-            for name, mine, expected in zip(got["names"], params, reference, strict=True):
-                assert_close_lists(
-                    [mine], [expected],
-                    f"rank {rank}, after step {step} of {nested.NESTED_STEPS}: parameter {name} vs one process "
-                    "trained on the full batch (a wrapper syncing only some parameters, only nn.Linear layers or "
-                    "only the root module's own, leaves the others to drift)",
-                    tolerance,
-                )
+            _assert_close(
+                params, reference,
+                f"rank {rank}, after step {step} of {nested.NESTED_STEPS}: parameters ({', '.join(got['names'])}) vs "
+                "one process trained on the full batch (a wrapper syncing only some parameters, only nn.Linear "
+                "layers or only the root module's own, leaves the others to drift)",
+                wrapper, got["dtype"],
+            )
 
 
 def _buffer_finding(seen: Sequence[Sequence[float]]) -> str:

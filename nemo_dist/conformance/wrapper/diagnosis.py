@@ -19,7 +19,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["CAUSES", "no_sync_cause", "start_cause", "training_cause"]
+from nemo_dist.conformance.implementation import DDPWrapper
+
+__all__ = [
+    "CAUSES",
+    "nested_cause",
+    "no_sync_cause",
+    "precision_cause",
+    "reductions_below",
+    "start_cause",
+    "training_cause",
+]
 
 #: The causes this module can name (the first words of each line it returns).
 CAUSES = {
@@ -32,6 +42,18 @@ CAUSES = {
     "over_w": "scaled by 1/W (the averaged gradient is divided by the world size once more)",
     "lower_precision": "gradients reduced in {dtype} (every reduced gradient is a {dtype} value, {dtype}'s "
     "rounding off the exact one)",
+    "reduced_in": "gradients reduced in {dtype}: the backend's gradient reductions ran on {dtype} tensors "
+    "({events}), below the declared --ddp-reduce-dtype {declared} (float32 unless declared); declare "
+    "--ddp-reduce-dtype {dtype} if the wrapper means to (under pytest --conformance-ddp-reduce-dtype)",
+    "computes_in": "the forward computed in {dtype} (its output is {dtype}, the parameters {params}): a "
+    "mixed-precision wrapper; declare --ddp-compute-dtype {dtype} (under pytest --conformance-ddp-compute-dtype) "
+    "for the training checks to allow {dtype}'s rounding",
+    "stale": "the forward ran on stale parameters (the gradient of step {step} is the full-batch one at the "
+    "starting weights: the updates never reach the weights the forward uses; FSDP2's reshard_after_forward=False "
+    "with set_reshard_after_backward(False) keeps reusing the unsharded copies)",
+    "mixed_reduction": "gradients of {names} {done} where {declared} was declared, the others' as declared: a "
+    "reduction set on some modules only (FSDP2's set_gradient_divide_factor does not recurse into the child FSDP "
+    "modules)",
     "never_reduced": "gradients never reduced (each rank keeps its own local gradient)",
     "plain_never_reduced": "gradients of the plain (unsharded) parameters {names} never reduced (each rank keeps "
     "its own local gradient of them), while those of the sharded DTensor parameters are: a parameter left out of "
@@ -117,14 +139,45 @@ def _reduction_cause(observed: Sequence[Any], expected: Sequence[Any], reduction
     return ""
 
 
-def training_cause(results: Sequence[dict[str, Any]], reduction: str) -> str:
+def _eps(dtype: str) -> float:
+    """The machine epsilon of a floating dtype named as torch names it, with or without ``torch.``; 0 for others."""
+    found = getattr(torch, dtype.removeprefix("torch."), None) if dtype else None
+    return torch.finfo(found).eps if isinstance(found, torch.dtype) and found.is_floating_point else 0.0
+
+
+def reductions_below(reduced: Sequence[tuple[str, str]], declared: str) -> list[tuple[str, str]]:
+    """The ``(event, dtype)`` reductions of :func:`~.ranks.reductions` whose floating dtype is less precise than
+    ``declared`` (``"float32"``)."""
+    return [(event, dtype) for event, dtype in reduced if _eps(dtype) > _eps(declared)]
+
+
+def precision_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
+    """"gradients reduced in DTYPE" when a rank's observed reductions ran below ``--ddp-reduce-dtype``; else "the
+    forward computed in DTYPE" when the output came back in a less precise dtype than the parameters and no
+    ``--ddp-compute-dtype`` was declared; else ""."""
+    for got in results:
+        low = reductions_below(got.get("reduced", ()), wrapper.reduce_dtype)
+        if low:
+            events = ", ".join(sorted({event for event, _ in low}))
+            return CAUSES["reduced_in"].format(dtype=low[0][1], events=events, declared=wrapper.reduce_dtype)
+    output, params = results[0].get("output_dtype", ""), results[0].get("dtype", "")
+    if wrapper.compute_dtype is None and _eps(output) > _eps(params) > 0:
+        return CAUSES["computes_in"].format(dtype=output, params=params.removeprefix("torch."))
+    return ""
+
+
+def training_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
     """The likely cause of a training failure, from every rank's :func:`~.ranks.train` report.
 
-    A start that was not broadcast first; else the gradients of the first
-    step where a rank's differs from the full-batch one at its parameters.
+    A start that was not broadcast first; then a reduction or a forward
+    observed in a lower precision than declared (:func:`precision_cause`);
+    else the gradients of the first step where a rank's differs from the
+    full-batch one at its parameters.
     """
-    size = len(results)
-    found = start_cause([r["own"] for r in results], [r.get("start") for r in results])
+    size, reduction = len(results), wrapper.reduction
+    found = start_cause([r["own"] for r in results], [r.get("start") for r in results]) or precision_cause(
+        results, wrapper
+    )
     if found:
         return found
     for step in range(len(results[0]["grads"])):
@@ -134,14 +187,19 @@ def training_cause(results: Sequence[dict[str, Any]], reduction: str) -> str:
             return ""
         if _all_close(observed, expected):
             continue
+        starting = [r["expected"][0] for r in results]
+        if step and _all_close(observed, starting) and not _all_close(expected, starting):
+            return CAUSES["stale"].format(step=step + 1)
         local = [r["locals"][step] for r in results]
         if size >= 2 and _all_close(observed, local) and not _all_close(local, [local[0]] * size):
             return CAUSES["never_reduced"]
+        # Reductions seen with their dtypes (none below the declared one) leave nothing for values to suggest.
+        typed = any(dtype for got in results for _, dtype in got.get("reduced", ()))
         return (
             _reduction_cause(observed, expected, reduction, size)
             or _plain_cause(observed, expected, local, results[0].get("layout", ()))
             or _group_cause(observed, local, reduction)
-            or _lower_precision(observed, expected)
+            or ("" if typed else _lower_precision(observed, expected))
         )
     return ""
 
@@ -197,8 +255,12 @@ def _group_cause(observed: Sequence[Any], local: Sequence[Any], reduction: str) 
     return ""
 
 
-def no_sync_cause(results: Sequence[dict[str, Any]], reduction: str) -> str:
+def no_sync_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
     """The likely cause of a no_sync failure, from every rank's :func:`~.ranks.accumulation` report."""
+    reduction = wrapper.reduction
+    found = precision_cause(results, wrapper)
+    if found:
+        return found
     observed = [r.get("grad") for r in results]
     if any(g is None for g in observed):
         return ""
@@ -210,3 +272,29 @@ def no_sync_cause(results: Sequence[dict[str, Any]], reduction: str) -> str:
         return CAUSES["no_sync_unreduced"]
     expected = [r["expected"] for r in results]
     return _reduction_cause(observed, expected, reduction, len(results)) or _lower_precision(observed, expected)
+
+
+def nested_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
+    """The likely cause of a nested-model failure, from every rank's :func:`~.nested.nested_training` report.
+
+    A lower precision first (:func:`precision_cause`); else the parameters
+    that after the first step hold the one-process run under the other
+    reduction (a sum where a mean was declared, or the reverse) while the
+    rest hold the declared one.
+    """
+    found = precision_cause(results, wrapper)
+    if found or len(results) < 2:
+        return found
+    got = results[0]
+    names = got["names"]
+    declared = got["reference"][0]
+    other = got["other_first"]
+    mine = got["params"][0]
+    switched = [
+        name for name, a, d, o in zip(names, mine, declared, other, strict=True)
+        if _close(a, o) and not _close(a, d)
+    ]
+    if not switched or len(switched) == len(names):
+        return ""
+    done = "summed" if wrapper.reduction == "mean" else "averaged"
+    return CAUSES["mixed_reduction"].format(names=", ".join(switched), done=done, declared=wrapper.reduction)

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_dist.conformance.ddp.entry_point import cpu_copy, dtype_of, params_of
+from nemo_dist.conformance.ddp.entry_point import cpu_copy, dtype_of
 from nemo_dist.conformance.ddp.sharded import full
-from nemo_dist.conformance.ddp.wrapped import backward, rank_device, sgd, wrap
+from nemo_dist.conformance.ddp.wrapped import backward, held, rank_device, sgd, wrap
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.wrapper.ranks import _loss
 
@@ -63,6 +63,22 @@ def _built() -> NestedModel:
     return NestedModel().double()
 
 
+def _one_step_other_reduction(reduction: str, size: int, device: torch.device, dtype: torch.dtype) -> list[Any]:
+    """The one-process parameters after the first step under the reduction not declared (a sum for a mean)."""
+    model = _built().to(device, dtype)
+    scale = 1.0 if reduction == "mean" else 1.0 / size
+    tokens, shift = _batch(_ROWS * size, 0)
+    tokens, shift = tokens.to(device), shift.to(device, dtype)
+    for r in range(size):
+        rows = slice(r * _ROWS, (r + 1) * _ROWS)
+        (scale * _loss(model(tokens[rows], shift=shift[rows]))).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.sub_(_LR * p.grad)
+    return [cpu_copy(p) for p in model.parameters()]
+
+
 def nested_training(impl: Implementation) -> dict[str, Any]:
     """Train :class:`NestedModel` through the wrapper for :data:`NESTED_STEPS` steps; the one-process run beside.
 
@@ -72,7 +88,9 @@ def nested_training(impl: Implementation) -> dict[str, Any]:
     each step (``params``: CPU copies, whole where sharded), the one-process
     reference after each step (``reference``: the full batch, each rank's
     loss scaled as the declared reduction says), the train modes each
-    forward saw (``modes``), and the dtype of the wrapped model.
+    forward saw (``modes``), the dtype of the wrapped model and of its output (``output_dtype``), and the
+    one-process parameters after the first step under the other reduction (``other_first``: a sum where a
+    mean is declared, and the reverse).
     """
     wrapper = impl.ddp_wrapper
     if wrapper is None:
@@ -89,9 +107,11 @@ def nested_training(impl: Implementation) -> dict[str, Any]:
         tokens, shift = _batch(_ROWS * size, step)
         tokens, shift = tokens.to(device), shift.to(device, dtype)
         mine = slice(rank * _ROWS, (rank + 1) * _ROWS)
-        backward(wrapped, _loss(wrapped.trained(tokens[mine], shift=shift[mine])))
+        out = wrapped.trained(tokens[mine], shift=shift[mine])
+        found["output_dtype"] = str(out.dtype).removeprefix("torch.")
+        backward(wrapped, _loss(out))
         sgd(wrapped, _LR)
-        found["params"].append(params_of(wrapped.model))
+        found["params"].append(held(wrapped))
         reference.zero_grad(set_to_none=True)
         for r in range(size):
             rows = slice(r * _ROWS, (r + 1) * _ROWS)
@@ -101,6 +121,7 @@ def nested_training(impl: Implementation) -> dict[str, Any]:
                 if p.grad is not None:
                     p.sub_(_LR * p.grad)
         found["reference"].append([cpu_copy(full(p)) for p in reference.parameters()])
+    found["other_first"] = _one_step_other_reduction(wrapper.reduction, size, device, dtype)
     found["modes"] = getattr(wrapped.model, "modes", model.modes)
     found["dtype"] = str(dtype)
     return found

@@ -30,12 +30,14 @@ from nemo_dist.conformance.ddp.models import DIM, _Buffered
 from nemo_dist.conformance.ddp.sharded import full, is_sharded, sharding
 from nemo_dist.conformance.ddp.wrapped import (
     EnvironmentNeeded,
+    Wrapped,
     accumulating,
     backward,
     call_refused,
     clear,
     ddp_inside,
     gradients,
+    held,
     rank_device,
     sgd,
     wrap,
@@ -148,11 +150,11 @@ def start(impl: Implementation, seed: int) -> dict[str, Any]:
     model = Linear(_own_seed(impl, seed), "normal")
     own = _flat(params_of(model))
     wrapped = wrap(_wrapper(impl), model)
-    x = torch.ones(2, IN_FEATURES, dtype=dtype_of(model), device=rank_device())
+    dtype = dtype_of(model)  # as wrapped: FSDP2 holds the root unsharded, in its compute dtype, after a forward
+    x = torch.ones(2, IN_FEATURES, dtype=dtype, device=rank_device())
     with torch.no_grad():
         wrapped.trained(x)
-    after = _flat(params_of(model))
-    return {"own": _as(own, dtype_of(model)), "after": after, "dtype": str(dtype_of(model))}
+    return {"own": _as(own, dtype), "after": _flat(held(wrapped)), "dtype": str(dtype)}
 
 
 def _as(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -160,11 +162,11 @@ def _as(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return None if values is None else values.to(dtype).double()
 
 
-def _copy_of(model: nn.Module, seed: int, kind: str) -> nn.Module:
-    """A plain :class:`Linear` holding ``model``'s current parameters, on its device and in its dtype."""
-    copy = Linear(seed, kind).to(rank_device(), dtype_of(model))
+def _copy_of(wrapped: Wrapped, seed: int, kind: str, dtype: torch.dtype) -> nn.Module:
+    """A plain :class:`Linear` holding the wrapped model's current parameters (``wrapped.params``), in ``dtype``."""
+    copy = Linear(seed, kind).to(rank_device(), dtype)
     with torch.no_grad():
-        for mine, theirs in zip(copy.parameters(), model.parameters(), strict=True):
+        for mine, theirs in zip(copy.parameters(), wrapped.params, strict=True):
             mine.copy_(full(theirs))
     return copy
 
@@ -182,7 +184,10 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
     the same parameters: this rank's own local gradient (``locals``) and the
     full-batch one under the declared reduction (``expected``). ``reference``
     is the full-batch run from rank 0's weights (parameters per step).
-    ``layout`` is ``(name, numel, is a DTensor)`` per parameter, in the flattened order.
+    ``layout`` is ``(name, numel, is a DTensor)`` per parameter, in the flattened order;
+    ``output_dtype`` the dtype of the first forward's output (a wrapper
+    computing in a lower precision returns it in that), and ``reduced`` the
+    gradient reductions of the first backward, ``(event, dtype)`` (:func:`reductions`).
     """
     wrapper = _wrapper(impl)
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -201,14 +206,18 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
     for step in range(steps):
         out = wrapped.trained(x)
         if step == 0:
-            found["start"] = _flat(params_of(model))
-        backward(wrapped, _loss(out))
+            found["start"] = _flat(held(wrapped))
+            found["output_dtype"] = str(out.dtype).removeprefix("torch.")
+            with reductions() as found["reduced"]:
+                backward(wrapped, _loss(out))
+        else:
+            backward(wrapped, _loss(out))
         found["grads"].append(_flat(gradients(wrapped)))
-        now = _copy_of(model, seed, kind)
+        now = _copy_of(wrapped, seed, kind, dtype)
         found["locals"].append(_flat(_plain_grads(now, [(x, 1.0)])))
         found["expected"].append(_flat(_plain_grads(now, shares)))
         sgd(wrapped, LR)
-        found["params"].append(_flat(params_of(model)))
+        found["params"].append(_flat(held(wrapped)))
     reference = Linear(seed, kind).to(device, dtype)
     found["reference"] = []
     for _ in range(steps):
@@ -234,7 +243,9 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
     micro-batch (``unreduced_accumulation``) and this rank's accumulation
     with no reduction at all (``local_accumulation``), and the gradient
     reductions the backend ran during the unsynced micro-batches
-    (``unsynced_reductions``: :func:`reductions`). Every rank starts from ``seed``.
+    (``unsynced_reductions``: :func:`reductions`) and during the synced one
+    (``reduced``), and the dtype of the last forward's output
+    (``output_dtype``). Every rank starts from ``seed``.
     """
     wrapper = _wrapper(impl)
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -249,7 +260,7 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
     # graph on its first iteration and asserts inside torch when that iteration runs under no_sync (torch 2.13).
     backward(wrapped, _loss(wrapped.trained(_rows(batches[0], rank, size))))
     clear(wrapped)
-    unsynced: list[str] = []
+    unsynced: list[tuple[str, str]] = []
     for m, data in enumerate(batches):
         x = _rows(data, rank, size)
         if m < len(batches) - 1:
@@ -257,8 +268,13 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
                 backward(wrapped, _loss(wrapped.trained(x)), sync=False)
             unsynced += ran
         else:
-            backward(wrapped, _loss(wrapped.trained(x)))
-    found: dict[str, Any] = {"offered": _context_name(context), "dtype": str(dtype), "unsynced_reductions": unsynced}
+            out = wrapped.trained(x)
+            with reductions() as synced:
+                backward(wrapped, _loss(out))
+    found: dict[str, Any] = {
+        "offered": _context_name(context), "dtype": str(dtype), "unsynced_reductions": unsynced, "reduced": synced,
+        "output_dtype": str(out.dtype).removeprefix("torch."),
+    }
     found["grad"] = _flat(gradients(wrapped))
     clear(wrapped)
     reference = Linear(seed, kind).to(device, dtype)
@@ -276,26 +292,32 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
 
 #: Backend-level collective names (the profiler's ``gloo:`` and ``nccl:`` events, one per collective) that reduce.
 _REDUCING = ("reduce",)
+#: The profiler's names of tensor dtypes (``c10::BFloat16``), as torch names them.
+_PROFILED_DTYPES = {
+    "double": "float64", "float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16",
+}
 
 
 @contextlib.contextmanager
-def reductions() -> Iterator[list[str]]:
-    """The reducing collectives (all-reduce, reduce-scatter, reduce) the backend runs inside, by their event names.
+def reductions() -> Iterator[list[tuple[str, str]]]:
+    """The reducing collectives (all-reduce, reduce-scatter, reduce) the backend runs inside: (event name, dtype).
 
     Read from torch's profiler, which records each collective the process
-    group runs, whether Python or DDP's C++ reducer issued it; filled when
-    the block exits. Broadcasts and all-gathers (buffers, sharded
+    group runs, whether Python or DDP's C++ reducer issued it, with the
+    dtype of the tensor it reduced (torch's name, ``"bfloat16"``; the
+    profiler's own where torch has none, "" where it recorded none); filled
+    when the block exits. Broadcasts and all-gathers (buffers, sharded
     parameters) are not reductions and are left out.
     """
     from torch.profiler import ProfilerActivity, profile
 
-    found: list[str] = []
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+    found: list[tuple[str, str]] = []
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
         yield found
-    found += [
-        e.name for e in profiler.events()
-        if e.name.startswith(("gloo:", "nccl:")) and any(word in e.name for word in _REDUCING)
-    ]
+    for event in profiler.events():
+        if event.name.startswith(("gloo:", "nccl:")) and any(word in event.name for word in _REDUCING):
+            dtypes = [d for d in (getattr(event, "input_dtypes", None) or []) if d]
+            found.append((event.name, _PROFILED_DTYPES.get(dtypes[0], dtypes[0]) if dtypes else ""))
 
 
 def buffer_views(impl: Implementation) -> dict[str, Any]:
