@@ -238,6 +238,7 @@ LIKELY_CAUSES = {
     "broken_gather_reduces_float64_in_float32": "reduced in float32: gradients match a float32 reduction of float64",
     "broken_gather_reduces_float32_in_bfloat16": "reduced in bfloat16: gradients match a bfloat16 reduction of float32",
     "broken_gather_group_rank_from_first_member": "wrong only in groups of interleaved ranks",
+    "broken_gather_uneven_group_global_rank": "wrong only inside a subgroup (global rank used where the group rank",
 }
 #: What upstream does not promise, as (check, world size) failures of the extended tier in worlds of 0 and 1.
 UPSTREAM_EXTENDED_FINDINGS = {

@@ -220,7 +220,8 @@ def uneven_with_group_gathers_group_rows(world: WorldLike, impl: Implementation)
         grads = _group_grads(data, partition, rows, shape, dtype)
         _assert_grouped(world, impl, last, partition, inputs, grads, uneven=True)
 
-    _then_interleaved(prop, world, impl, last, uneven=True)()
+    fixed = _then_interleaved(prop, world, impl, last, uneven=True)
+    diagnosed(fixed, last, lambda example: group_diagnosis.uneven_group_cause(world, impl, example))
 
 
 @check("gather.uneven_no_grad_gathers_integers_and_bools", tier="extended", component="gather")

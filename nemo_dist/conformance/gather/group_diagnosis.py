@@ -43,7 +43,7 @@ from nemo_dist.conformance.gather.oracle import expected_grads
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
 
-__all__ = ["group_cause"]
+__all__ = ["group_cause", "uneven_group_cause"]
 
 #: What a partial run gives: the values of the ranks that returned, and each failing rank's text.
 _Partial = tuple[dict[int, Any], dict[int, str]]
@@ -67,12 +67,47 @@ def group_cause(world: WorldLike, impl: Implementation, example: dict[str, Any])
     return CAUSES[_rank_mixup(world, impl, zeros, partition, shape) or "subgroup"]
 
 
-def _partial(world: WorldLike, fn: Callable[..., Any], *args: Any) -> _Partial | None:
-    """``world.run(fn, *args)`` as what each rank returned and each failing rank's text; None when it hung."""
+def uneven_group_cause(world: WorldLike, impl: Implementation, example: dict[str, Any]) -> str:
+    """The likely cause of a failing ``uneven=True`` subgroup example (keys: shape, dtype, partition); "" if none.
+
+    First what the same groups show with even rows (:func:`group_cause`: the
+    bug does not need uneven rows), unless that is only "wrong inside a
+    subgroup". Then an uneven example (rank r holds r + 1 rows) in the same
+    groups: when exactly the members whose global rank is not their group
+    rank fail (a gradient of another member's rows, or an IndexError) and
+    the others are right, the uneven path reads the global rank where the
+    group rank belongs.
+    """
+    found = group_cause(world, impl, example)
+    if found and found != CAUSES["subgroup"]:
+        return found
+    partition = example["partition"]
+    width = tuple(example["shape"][1:])
+    counts = [r + 1 for r in range(world.size)]
+    inputs = [torch.full((n, *width), float(r + 1), dtype=example["dtype"]) for r, n in enumerate(counts)]
+    grads: list[torch.Tensor] = [torch.empty(0)] * world.size
+    expected: dict[int, torch.Tensor] = {}
+    for members in partition:
+        rows = [counts[m] for m in members]
+        per_group = _distinct_grads(len(members), (sum(rows), *width), example["dtype"])
+        slices = expected_grads(per_group, rows)
+        for position, r in enumerate(members):
+            grads[r], expected[r] = per_group[position], slices[position]
+    run = _partial(world, ranks.grouped, impl, inputs, grads, partition, uneven=True)
+    if run is None:
+        return ""
+    returned, failures = run
+    wrong = {r for r in range(world.size) if r in failures or not _close(returned[r]["grad"], expected[r])}
+    moved = {r for members in partition for position, r in enumerate(members) if r != position}
+    return CAUSES["subgroup_global_rank"] if wrong and wrong == moved else ""
+
+
+def _partial(world: WorldLike, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _Partial | None:
+    """``world.run(fn, *args, **kwargs)`` as what each rank returned and each failing rank's text; None when it hung."""
     from nemo_dist.testing import RankFailure
 
     try:
-        return dict(enumerate(world.run(fn, *args))), {}
+        return dict(enumerate(world.run(fn, *args, **kwargs))), {}
     except RankFailure as exc:
         return dict(exc.returned), exc.failures
     except StepBroke as exc:
