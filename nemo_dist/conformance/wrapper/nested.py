@@ -63,12 +63,9 @@ def _built() -> NestedModel:
     return NestedModel().double()
 
 
-def _one_step_other_reduction(reduction: str, size: int, device: torch.device, dtype: torch.dtype) -> list[Any]:
-    """The one-process parameters after the first step under the reduction not declared (a sum for a mean)."""
-    model = _built().to(device, dtype)
-    scale = 1.0 if reduction == "mean" else 1.0 / size
-    tokens, shift = _batch(_ROWS * size, 0)
-    tokens, shift = tokens.to(device), shift.to(device, dtype)
+def _reference_step(model: nn.Module, tokens: torch.Tensor, shift: torch.Tensor, scale: float, size: int) -> None:
+    """One SGD step of ``model`` in this process on every rank's rows, each rank's loss times ``scale``."""
+    model.zero_grad(set_to_none=True)
     for r in range(size):
         rows = slice(r * _ROWS, (r + 1) * _ROWS)
         (scale * _loss(model(tokens[rows], shift=shift[rows]))).backward()
@@ -76,6 +73,13 @@ def _one_step_other_reduction(reduction: str, size: int, device: torch.device, d
         for p in model.parameters():
             if p.grad is not None:
                 p.sub_(_LR * p.grad)
+
+
+def _one_step_other_reduction(reduction: str, size: int, device: torch.device, dtype: torch.dtype) -> list[Any]:
+    """The one-process parameters after the first step under the reduction not declared (a sum for a mean)."""
+    model = _built().to(device, dtype)
+    tokens, shift = _batch(_ROWS * size, 0)
+    _reference_step(model, tokens.to(device), shift.to(device, dtype), 1.0 if reduction == "mean" else 1.0 / size, size)
     return [cpu_copy(p) for p in model.parameters()]
 
 
@@ -112,14 +116,7 @@ def nested_training(impl: Implementation) -> dict[str, Any]:
         backward(wrapped, _loss(out))
         sgd(wrapped, _LR)
         found["params"].append(held(wrapped))
-        reference.zero_grad(set_to_none=True)
-        for r in range(size):
-            rows = slice(r * _ROWS, (r + 1) * _ROWS)
-            (scale * _loss(reference(tokens[rows], shift=shift[rows]))).backward()
-        with torch.no_grad():
-            for p in reference.parameters():
-                if p.grad is not None:
-                    p.sub_(_LR * p.grad)
+        _reference_step(reference, tokens, shift, scale, size)
         found["reference"].append([cpu_copy(full(p)) for p in reference.parameters()])
     found["other_first"] = _one_step_other_reduction(wrapper.reduction, size, device, dtype)
     found["modes"] = getattr(wrapped.model, "modes", model.modes)
