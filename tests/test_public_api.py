@@ -18,6 +18,9 @@ PUBLIC_MODULES = [
     "nemo_dist.distributed.config",
     "nemo_dist.distributed.ddp",
     "nemo_dist.distributed.activation_checkpointing",
+    "nemo_dist.distributed.fsdp2_config",
+    "nemo_dist.distributed.mesh",
+    "nemo_dist.distributed.fsdp2",
     "nemo_dist.testing",
     "nemo_dist.conformance",
 ]

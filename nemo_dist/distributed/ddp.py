@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from nemo_dist.distributed._process_group import require_default_group
 from nemo_dist.distributed.activation_checkpointing import apply_activation_checkpointing
 from nemo_dist.distributed.config import DDPConfig
 
@@ -49,13 +50,7 @@ def _resolve_device() -> torch.device:
     With the NCCL backend and CUDA: ``cuda:(rank % device_count)``, made
     current; otherwise CPU.
     """
-    if not dist.is_available():
-        raise RuntimeError("nemo_dist DDP: torch.distributed is not available in this build of torch")
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "nemo_dist DDP: the default process group is not initialized; "
-            "call torch.distributed.init_process_group() first (torchrun sets up its environment)"
-        )
+    require_default_group("nemo_dist DDP")
     if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
         index = dist.get_rank() % torch.cuda.device_count()
         torch.cuda.set_device(index)
