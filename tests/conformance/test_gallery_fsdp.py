@@ -57,6 +57,12 @@ GALLERY: dict[str, Row] = {
     "torchtitan_summed": Row(_fn("torchtitan:apply_fsdp", ddp_start="identical", ddp_reduction="sum")),
     "hsdp_2x2": Row(_fn("hsdp:apply_hsdp", ddp_start="identical", ddp_mesh="2x2"), (4,)),
     "torchtune_rank0_broadcast": Row(_fn("torchtune:shard_and_load")),
+    # nemo_dist's own FSDP2 component, judged as any sharded wrapper (upstream's default policy casts no inputs:
+    # the checks' float64 inputs need mixed precision off).
+    "bundled_fsdp2": Row({
+        "ddp_fn": "nemo_dist.distributed.fsdp2:fsdp2_strategy_parallelize", "ddp_start": "identical",
+        "ddp_kwargs": ["device_mesh=@mesh", "mp_policy=torch.distributed.fsdp:MixedPrecisionPolicy()"],
+    }),
     "mixed_precision_declared": Row(
         _fn("mixed_precision:apply_fsdp", ddp_start="identical", ddp_compute_dtype="bfloat16")
     ),
