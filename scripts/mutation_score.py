@@ -56,6 +56,9 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
     "nemo_dist/distributed/config.py": (
         "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
     ),
+    "nemo_dist/distributed/_process_group.py": (
+        "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
+    ),
     "nemo_dist/distributed/activation_checkpointing.py": (
         "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
     ),
