@@ -6,17 +6,23 @@ asserts in the parent on what the ranks report: rank 0's weights on every
 rank once wrapped, training equal to one process on the full batch under
 the declared reduction (mean unless ``--ddp-reduction sum``), ranks
 bit-identical, ``no_sync`` (or ``set_requires_gradient_sync(False)``)
-accumulating like one big step where offered, buffers synced or local as
-declared, a world of one that still trains, the model's dtype kept.
+accumulating like one big step where offered (and communicating nothing
+meanwhile), gradients reduced in the declared dtype, a nested model of real
+shape trained whole, buffers synced or local as declared, a world of one
+that still trains, the model's dtype kept.
 
 Comparisons are exact where the arithmetic is: on small-integer data the
 exact training (:mod:`.exact`, in rationals) says when float64 computes every
 value exactly in any order, and the parameters must then equal it bit for
 bit; on normal draws (which expose a reduction in a lower precision) they
-must agree within ``TOLERANCE_FLOAT64`` (1e-10 absolute and relative), or
-within the tolerance of the dtype the wrapper changed the model to
-(``TOLERANCE_FLOAT32``, 1e-5; bfloat16 and float16 1e-2), computed in it. A failure carries the
-likely cause the ranks' reports name (:mod:`.diagnosis`).
+must agree within ``TOLERANCE_FLOAT64`` (1e-10 absolute and relative). A
+wrapper computing below float64 (one that changed the model's dtype, or
+one declared with ``--ddp-compute-dtype``) is compared within
+``COMPUTE_ROUNDINGS`` roundings of that dtype's unit roundoff, of the
+largest value compared (:func:`~nemo_dist.conformance.ddp.expectations.rounding_tolerance`).
+The dtype of every gradient reduction is read from the collectives
+themselves and held to ``--ddp-reduce-dtype``, whatever the tolerance. A
+failure carries the likely cause the ranks' reports name (:mod:`.diagnosis`).
 """
 
 from __future__ import annotations
