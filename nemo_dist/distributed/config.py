@@ -22,44 +22,46 @@ def _require_bool(field: str, value: Any) -> None:
         raise TypeError(f"DDPConfig.{field} must be a bool, got {value!r} ({type(value).__name__})")
 
 
-def _normalise_checkpointing(value: Any) -> bool | str:
+def _normalise_checkpointing(value: Any, owner: str = "DDPConfig") -> bool | str:
+    """``value`` as a checkpointing mode (a bool, "full" or "selective"); errors name ``owner``'s field."""
     if isinstance(value, bool):
         return value
     if not isinstance(value, str):
         raise TypeError(
-            "DDPConfig.activation_checkpointing must be a bool or one of 'full', 'selective', "
+            f"{owner}.activation_checkpointing must be a bool or one of 'full', 'selective', "
             f"got {value!r} ({type(value).__name__})"
         )
     if value.strip().lower() in _CHECKPOINT_MODES:
         return value.strip().lower()
     raise ValueError(
-        "DDPConfig.activation_checkpointing must be False, True, 'full' or 'selective', "
+        f"{owner}.activation_checkpointing must be False, True, 'full' or 'selective', "
         f"got {value!r}"
     )
 
 
-def _normalise_scope(value: Any) -> tuple[str, ...]:
+def _normalise_scope(value: Any, owner: str = "DDPConfig") -> tuple[str, ...]:
+    """``value`` as a tuple of layer-group names ("all" alone); errors name ``owner``'s field."""
     if isinstance(value, str):
         names = [part.strip().lower() for part in re.split(r"[,+]", value)]
     elif isinstance(value, Sequence) and all(isinstance(part, str) for part in value):
         names = [part.strip().lower() for part in value]
     else:
         raise TypeError(
-            "DDPConfig.activation_checkpointing_scope must be a str or a list of str, "
+            f"{owner}.activation_checkpointing_scope must be a str or a list of str, "
             f"got {value!r}"
         )
     names = [name for name in names if name]
     if not names:
-        raise ValueError(f"DDPConfig.activation_checkpointing_scope is empty: {value!r}")
+        raise ValueError(f"{owner}.activation_checkpointing_scope is empty: {value!r}")
     unknown = [name for name in names if name != "all" and name not in CHECKPOINT_GROUPS]
     if unknown:
         raise ValueError(
-            f"DDPConfig.activation_checkpointing_scope: unknown layer group(s) {unknown} in "
+            f"{owner}.activation_checkpointing_scope: unknown layer group(s) {unknown} in "
             f"{value!r}; expected 'all' or some of {list(CHECKPOINT_GROUPS)}"
         )
     if "all" in names and len(set(names)) > 1:
         raise ValueError(
-            f"DDPConfig.activation_checkpointing_scope: 'all' cannot be combined with other "
+            f"{owner}.activation_checkpointing_scope: 'all' cannot be combined with other "
             f"groups, got {value!r}"
         )
     return tuple(dict.fromkeys(names))

@@ -14,7 +14,7 @@ frozen-tower policy; this component always applies upstream's default,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -51,14 +51,6 @@ _NOT_SUPPORTED: dict[str, tuple[Any, str]] = {
     "enable_async_tensor_parallel": (False, "async tensor parallelism needs tensor parallelism"),
     "enable_compile": (False, "per-layer torch.compile is not part of this component"),
 }
-
-
-def _reworded(normalise: Callable[[Any], Any], value: Any) -> Any:
-    """``normalise(value)`` with DDPConfig's checkers, their errors naming ``FSDP2Config`` instead."""
-    try:
-        return normalise(value)
-    except (TypeError, ValueError) as error:
-        raise type(error)(str(error).replace("DDPConfig.", "FSDP2Config.", 1)) from None
 
 
 def _require_bool(name: str, value: Any) -> None:
@@ -142,8 +134,8 @@ class FSDP2Config:
                 "FSDP2Config.offload_policy must be a torch.distributed.fsdp.CPUOffloadPolicy (an OffloadPolicy) "
                 f"or None, got {self.offload_policy!r}"
             )
-        self.activation_checkpointing = _reworded(_normalise_checkpointing, self.activation_checkpointing)
-        self.activation_checkpointing_scope = _reworded(_normalise_scope, self.activation_checkpointing_scope)
+        self.activation_checkpointing = _normalise_checkpointing(self.activation_checkpointing, "FSDP2Config")
+        self.activation_checkpointing_scope = _normalise_scope(self.activation_checkpointing_scope, "FSDP2Config")
         for name in ("defer_fsdp_grad_sync", "enable_fsdp2_prefetch"):
             _require_bool(name, getattr(self, name))
         if self.reshard_after_forward is not None:
