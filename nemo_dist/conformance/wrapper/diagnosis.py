@@ -113,6 +113,17 @@ def _lower_precision(observed: Sequence[Any], expected: Sequence[Any]) -> str:
     return ""
 
 
+def _unobserved_precision(results: Sequence[dict[str, Any]], observed: Sequence[Any], expected: Sequence[Any]) -> str:
+    """:func:`_lower_precision` guessed from the values, where the ranks saw no reduction's dtype.
+
+    Where they did, :func:`precision_cause` has already judged the dtypes
+    themselves (none below the declared one), and values suggest nothing more.
+    """
+    if any(dtype for got in results for _, dtype in got.get("reduced", ())):
+        return ""
+    return _lower_precision(observed, expected)
+
+
 def start_cause(own: Sequence[Any], start: Sequence[Any]) -> str:
     """"nothing broadcast" when ranks built different weights and a rank other than 0 does not hold rank 0's.
 
@@ -193,13 +204,11 @@ def training_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> st
         local = [r["locals"][step] for r in results]
         if size >= 2 and _all_close(observed, local) and not _all_close(local, [local[0]] * size):
             return CAUSES["never_reduced"]
-        # Reductions seen with their dtypes (none below the declared one) leave nothing for values to suggest.
-        typed = any(dtype for got in results for _, dtype in got.get("reduced", ()))
         return (
             _reduction_cause(observed, expected, reduction, size)
             or _plain_cause(observed, expected, local, results[0].get("layout", ()))
             or _group_cause(observed, local, reduction)
-            or ("" if typed else _lower_precision(observed, expected))
+            or _unobserved_precision(results, observed, expected)
         )
     return ""
 
@@ -271,7 +280,9 @@ def no_sync_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str
     if _all_close(observed, [r["unreduced_accumulation"] for r in results]):
         return CAUSES["no_sync_unreduced"]
     expected = [r["expected"] for r in results]
-    return _reduction_cause(observed, expected, reduction, len(results)) or _lower_precision(observed, expected)
+    return _reduction_cause(observed, expected, reduction, len(results)) or _unobserved_precision(
+        results, observed, expected
+    )
 
 
 def nested_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:

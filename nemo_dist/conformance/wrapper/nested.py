@@ -20,10 +20,9 @@ import torch.distributed as dist
 from torch import nn
 
 from nemo_dist.conformance.ddp.entry_point import cpu_copy, dtype_of
-from nemo_dist.conformance.ddp.sharded import full
 from nemo_dist.conformance.ddp.wrapped import backward, held, rank_device, sgd, wrap
 from nemo_dist.conformance.implementation import Implementation
-from nemo_dist.conformance.wrapper.ranks import _loss
+from nemo_dist.conformance.wrapper.ranks import _loss, _scale, _wrapper
 
 __all__ = ["NESTED_STEPS", "NestedModel", "nested_training"]
 
@@ -79,7 +78,8 @@ def _one_step_other_reduction(reduction: str, size: int, device: torch.device, d
     """The one-process parameters after the first step under the reduction not declared (a sum for a mean)."""
     model = _built().to(device, dtype)
     tokens, shift = _batch(_ROWS * size, 0)
-    _reference_step(model, tokens.to(device), shift.to(device, dtype), 1.0 if reduction == "mean" else 1.0 / size, size)
+    other = "sum" if reduction == "mean" else "mean"
+    _reference_step(model, tokens.to(device), shift.to(device, dtype), _scale(other, size), size)
     return [cpu_copy(p) for p in model.parameters()]
 
 
@@ -96,16 +96,14 @@ def nested_training(impl: Implementation) -> dict[str, Any]:
     one-process parameters after the first step under the other reduction (``other_first``: a sum where a
     mean is declared, and the reverse).
     """
-    wrapper = impl.ddp_wrapper
-    if wrapper is None:
-        raise RuntimeError("the wrapper checks need a --ddp-fn wrapper")
+    wrapper = _wrapper(impl)
     rank, size = dist.get_rank(), dist.get_world_size()
     model = _built()
     model.train()
     wrapped = wrap(wrapper, model)
     device, dtype = rank_device(), dtype_of(model)
     reference = _built().to(device, dtype)
-    scale = 1.0 / size if wrapper.reduction == "mean" else 1.0
+    scale = _scale(wrapper.reduction, size)
     found: dict[str, Any] = {"names": [n for n, _ in wrapped.model.named_parameters()], "params": [], "reference": []}
     for step in range(NESTED_STEPS):
         tokens, shift = _batch(_ROWS * size, step)
@@ -117,7 +115,7 @@ def nested_training(impl: Implementation) -> dict[str, Any]:
         sgd(wrapped, _LR)
         found["params"].append(held(wrapped))
         _reference_step(reference, tokens, shift, scale, size)
-        found["reference"].append([cpu_copy(full(p)) for p in reference.parameters()])
+        found["reference"].append([cpu_copy(p) for p in reference.parameters()])
     found["other_first"] = _one_step_other_reduction(wrapper.reduction, size, device, dtype)
     found["modes"] = getattr(wrapped.model, "modes", model.modes)
     found["dtype"] = str(dtype)
