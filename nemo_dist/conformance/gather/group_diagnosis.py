@@ -85,19 +85,15 @@ def uneven_group_cause(world: WorldLike, impl: Implementation, example: dict[str
     width = tuple(example["shape"][1:])
     counts = [r + 1 for r in range(world.size)]
     inputs = [torch.full((n, *width), float(r + 1), dtype=example["dtype"]) for r, n in enumerate(counts)]
-    grads: list[torch.Tensor] = [torch.empty(0)] * world.size
-    expected: dict[int, torch.Tensor] = {}
-    for members in partition:
-        rows = [counts[m] for m in members]
-        per_group = _distinct_grads(len(members), (sum(rows), *width), example["dtype"])
-        slices = expected_grads(per_group, rows)
-        for position, r in enumerate(members):
-            grads[r], expected[r] = per_group[position], slices[position]
-    run = _partial(world, ranks.grouped, impl, inputs, grads, partition, uneven=True)
+    run = _group_run(world, impl, inputs, partition, uneven=True)
     if run is None:
         return ""
-    returned, failures = run
-    wrong = {r for r in range(world.size) if r in failures or not _close(returned[r]["grad"], expected[r])}
+    grads, got, failures = run
+    expected: dict[int, torch.Tensor] = {}
+    for members in partition:
+        slices = expected_grads([grads[m] for m in members], [counts[m] for m in members])
+        expected.update(zip(members, slices, strict=True))
+    wrong = {r for r in range(world.size) if r in failures or not _close(got.get(r), expected[r])}
     moved = {r for members in partition for position, r in enumerate(members) if r != position}
     return CAUSES["subgroup_global_rank"] if wrong and wrong == moved else ""
 
@@ -193,7 +189,7 @@ def _as_in_the_world(
     """
     if not cause:
         return ""
-    run = _group_run(world, impl, inputs, partition, shape)
+    run = _group_run(world, impl, inputs, partition)
     if run is None or run[2]:
         return ""
     grads, got, _ = run
@@ -217,15 +213,17 @@ _MIXUPS: dict[str, Callable[[int, Sequence[int]], int]] = {
 
 def _group_run(
     world: WorldLike, impl: Implementation, inputs: Sequence[torch.Tensor], partition: Sequence[Sequence[int]],
-    shape: tuple[int, ...],
+    *, uneven: bool = False,
 ) -> tuple[list[torch.Tensor], dict[int, Any], dict[int, str]] | None:
-    """Distinct upstream gradients per group, the gradient each rank got and each failing rank's error text."""
+    """Distinct upstream gradients per group (as many rows as its members' inputs), the gradient each rank got
+    (gathering with ``uneven=True`` where ``uneven``) and each failing rank's error text."""
     grads: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
     for members in partition:
-        per_group = _distinct_grads(len(members), (len(members) * shape[0], *shape[1:]), inputs[0].dtype)
+        rows = sum(inputs[m].shape[0] for m in members)
+        per_group = _distinct_grads(len(members), (rows, *inputs[0].shape[1:]), inputs[0].dtype)
         for position, r in enumerate(members):
             grads[r] = per_group[position]
-    run = _partial(world, ranks.grouped, impl, inputs, grads, partition)
+    run = _partial(world, ranks.grouped, impl, inputs, grads, partition, uneven=uneven)
     if run is None:
         return None
     returned, failures = run
@@ -276,7 +274,7 @@ def _rank_mixup(
     "subgroup_group_rank": torch refused a rank as "not part of group" (a
     group rank passed where torch wants a global one).
     """
-    run = _group_run(world, impl, inputs, partition, shape)
+    run = _group_run(world, impl, inputs, partition)
     if run is None:
         return ""
     if run[2] and all("is not part of group" in text for text in run[2].values()):
@@ -284,7 +282,7 @@ def _rank_mixup(
     fits = [name for name, index_of in _MIXUPS.items() if _follows(index_of, run, partition, shape[0])]
     if len(fits) > 1 and world.size > 2:
         contiguous = [[0], list(range(1, world.size))]
-        second = _group_run(world, impl, inputs, contiguous, shape)
+        second = _group_run(world, impl, inputs, contiguous)
         if second is None:
             return ""
         fits = [n for n in fits if _follows(_MIXUPS[n], second, contiguous, shape[0]) is not False]
