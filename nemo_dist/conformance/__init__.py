@@ -21,7 +21,8 @@ The package is laid out in layers, and imports go downwards only
   (torchrun mode); it imports no suite;
 - one suite per component, registered with the engine when imported:
   :mod:`.gather`, :mod:`.ddp`, :mod:`.config`, :mod:`.real_models`,
-  :mod:`.wrapper` (any data-parallel wrapper, ``--ddp-fn``);
+  :mod:`.wrapper` (any data-parallel wrapper, ``--ddp-fn``), :mod:`.fsdp2`
+  (NeMo AutoModel's FSDP2 path, ``--fsdp2``);
 - front ends: :mod:`.cli` (``nemo-dist-conformance``, ``python -m
   nemo_dist.conformance``) and :mod:`.pytest_plugin` (``pytest conformance/``).
 """
@@ -88,6 +89,7 @@ SUITE_PACKAGES: tuple[str, ...] = (
     "nemo_dist.conformance.config",
     "nemo_dist.conformance.real_models",
     "nemo_dist.conformance.wrapper",
+    "nemo_dist.conformance.fsdp2",
 )
 
 

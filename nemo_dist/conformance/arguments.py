@@ -43,8 +43,8 @@ class UsageError(Exception):
 _DESCRIPTION = (
     "Check that an implementation of the nemo_dist components (the bundled one, a fork named by module paths, any "
     "all-gather callable or any data-parallel wrapper) keeps the contract. Naming some of "
-    "--gather/--gather-fn/--ddp/--config checks only those components (the bundled modules serve the others); "
-    "--preset names all three; naming none checks the bundled nemo_dist modules."
+    "--gather/--gather-fn/--ddp/--config/--fsdp2 checks only those components (the bundled modules serve the others); "
+    "--preset names all four; naming none checks the bundled nemo_dist modules."
 )
 _EPILOG = (
     "Exit status: 0 conforms, 1 a check failed, 2 usage error. Under torchrun (torchrun --nproc-per-node N -m "

@@ -113,6 +113,8 @@ def _options(
             gather_output=args.gather_output,
             gather_init=args.gather_init,
             ddp_wrapper=wrapper,
+            fsdp2=args.fsdp2,
+            fsdp2_sync_ctx=args.fsdp2_sync_ctx,
         )
         validate_implementation(impl)
     except OptionError as exc:

@@ -20,7 +20,7 @@ OPTION_FIELDS: tuple[str, ...] = (
     "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg", "gather_output", "gather", "ddp", "config", "preset",
     "ddp_fn", "ddp_method", "ddp_kwarg", "ddp_output", "ddp_reduction", "ddp_buffers", "ddp_after_backward",
     "ddp_grad_attr", "ddp_zero_grad", "ddp_start", "ddp_mesh", "ddp_compute_dtype", "ddp_reduce_dtype", "gather_init",
-    "backend",
+    "backend", "fsdp2", "fsdp2_sync_ctx",
 )
 _OPTION_FIELD = re.compile(r"\{opt:(" + "|".join(OPTION_FIELDS) + r")\}")
 

@@ -20,10 +20,12 @@ from typing import Any
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.symbols import value_of
 
-__all__ = ["DDP_APIS", "GROUP_PARAMETERS", "DDPWrapper", "Implementation"]
+__all__ = ["DDP_APIS", "FSDP2_APIS", "GROUP_PARAMETERS", "DDPWrapper", "Implementation"]
 
 #: The two upstream DDP entry points, in the order their checks run.
 DDP_APIS: tuple[str, ...] = ("parallelize_ddp", "DDPManager")
+#: The FSDP2 entry points a fsdp2 module may define; the checks use the first one it has.
+FSDP2_APIS: tuple[str, ...] = ("FSDP2Manager", "fsdp2_strategy_parallelize")
 
 #: Parameter names taken to be a process group (the checks pass it, as they pass ``uneven=``).
 GROUP_PARAMETERS: tuple[str, ...] = ("group", "process_group", "pg")
@@ -107,7 +109,11 @@ class Implementation:
     (``--gather-init``). ``ddp_api`` pins the DDP entry point the rank
     functions use (``"parallelize_ddp"`` or ``"DDPManager"``; ``None``: the
     manager when the module has one). ``ddp_wrapper`` replaces the ddp module by a
-    ``--ddp-fn`` wrapper (:class:`DDPWrapper`). The object pickles as its strings.
+    ``--ddp-fn`` wrapper (:class:`DDPWrapper`). ``fsdp2`` is the module of the
+    FSDP2 component (``FSDP2Config`` and an entry point of :data:`FSDP2_APIS`);
+    ``fsdp2_sync_ctx`` (``"module:name"``) its ``get_sync_ctx`` where the module
+    does not define one (upstream keeps it in ``components/distributed/utils.py``).
+    The object pickles as its strings.
     """
 
     gather: str | None = "nemo_dist.loss.dist_utils"
@@ -121,9 +127,11 @@ class Implementation:
     gather_output: int | None = None
     gather_init: tuple[tuple[str, str], ...] = ()
     ddp_wrapper: DDPWrapper | None = None
+    fsdp2: str | None = "nemo_dist.distributed.fsdp2"
+    fsdp2_sync_ctx: str | None = None
 
     def module(self, component: str) -> ModuleType:
-        """Import and return the module of ``component`` ("gather", "ddp" or "config").
+        """Import and return the module of ``component`` ("gather", "ddp", "config" or "fsdp2").
 
         Raises ``NotSupported`` when that component is not part of this implementation.
         """

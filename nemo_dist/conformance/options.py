@@ -217,9 +217,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("--config", metavar="MODULE", help="module with DDPConfig",
            docs=(Doc(_NAMES, "a module with `DDPConfig`"),)),
     Option(
+        "--fsdp2", metavar="MODULE", help="module with FSDP2Config and FSDP2Manager or fsdp2_strategy_parallelize",
+        docs=(Doc(_NAMES, "a module with `FSDP2Config` and `FSDP2Manager` (else `fsdp2_strategy_parallelize`): the "
+                          "FSDP2 component, its `get_sync_ctx` too when it has one"),),
+    ),
+    Option(
+        "--fsdp2-sync-ctx", metavar="MODULE:NAME",
+        help="the FSDP2 component's get_sync_ctx(model, is_optim_step, defer_fsdp_grad_sync) where the {opt:fsdp2} "
+        "module has none (upstream keeps it in components.distributed.utils)",
+        docs=(Doc(_NAMES, "the component's `get_sync_ctx(model, is_optim_step, defer_fsdp_grad_sync)` where the "
+                          "`--fsdp2` module has none (upstream keeps it in `components.distributed.utils`)"),),
+    ),
+    Option(
         "--preset", metavar="NAME", choices=("nemo_dist", "nemo_automodel"),
         help="named module layout: nemo_dist, nemo_automodel", doc_value="nemo_automodel",
-        docs=(Doc(_NAMES, "all three, at upstream's module paths (install it with `pip install --no-deps "
+        docs=(Doc(_NAMES, "all four, at upstream's module paths (install it with `pip install --no-deps "
                           "nemo-automodel==0.7.0`)"),),
     ),
     Option(

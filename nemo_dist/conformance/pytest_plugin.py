@@ -58,7 +58,7 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     """The ``Implementation`` the options name and the components to check.
 
     Named components are checked, the bundled modules serve the others; a
-    preset names all three; naming nothing checks the bundled modules.
+    preset names all four; naming nothing checks the bundled modules.
     Raises ``pytest.UsageError`` saying how to fix a bad option.
     """
     from nemo_dist.conformance.target import OptionError, resolve_implementation, validate_implementation
@@ -85,6 +85,8 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             gather_output=config.getoption("--conformance-gather-output"),
             gather_init=config.getoption("--conformance-gather-init"),
             ddp_wrapper=wrapper,
+            fsdp2=config.getoption("--conformance-fsdp2"),
+            fsdp2_sync_ctx=config.getoption("--conformance-fsdp2-sync-ctx"),
         )
         validate_implementation(impl)
     except OptionError as exc:

@@ -51,7 +51,7 @@ Tier = Literal["core", "extended"]
 
 #: Accepted values of ``tier`` when selecting checks.
 TIERS: tuple[str, ...] = ("core", "extended", "all")
-Component = Literal["gather", "ddp", "config", "wrapper"]
+Component = Literal["gather", "ddp", "config", "wrapper", "fsdp2"]
 
 
 class WorldLike(Protocol):
@@ -82,6 +82,9 @@ class Check:
     ddp_apis: tuple[str, ...] = DDP_APIS
     #: Modules the check's rank side imports (``transformers``' modeling modules): imported once for every rank.
     preload: tuple[str, ...] = ()
+    #: True: what it checks does not depend on the world's size beyond its range, so a run checks it once, in the
+    #: smallest of its world sizes the check fits (:func:`cases`).
+    once: bool = False
 
     @property
     def description(self) -> str:
@@ -126,18 +129,20 @@ def check(
     needs_world: bool = True,
     ddp_apis: tuple[str, ...] = DDP_APIS,
     preload: tuple[str, ...] = (),
+    once: bool = False,
 ) -> Callable[[Callable[[Any, Implementation], None]], Check]:
     """Register the decorated function as the check ``name``; returns the ``Check``.
 
     Names are unique (a second registration raises ``ValueError``). ``preload``
     names modules the check's rank side imports, which a World whose ranks are
     forked imports once for all of them (see ``nemo_dist.testing.World``).
+    ``once``: a run checks it in one world only, the smallest it fits.
     """
 
     def register(fn: Callable[[Any, Implementation], None]) -> Check:
         if name in CHECKS:
             raise ValueError(f"conformance check {name!r} is registered twice")
-        CHECKS[name] = Check(name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload)
+        CHECKS[name] = Check(name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload, once)
         return CHECKS[name]
 
     return register
@@ -149,8 +154,10 @@ class Case:
 
     ``world_size`` is 0 for a check that needs no process group. ``applies``
     says whether the check runs in a world of that size (the runner reports
-    the others as not applicable). ``impl`` is None when the implementation
-    defines none of the entry points the check exercises (``missing`` says so).
+    the others as not applicable, with ``elsewhere`` as the reason where the
+    check runs once, in another world of the run). ``impl`` is None when the
+    implementation defines none of the entry points the check exercises
+    (``missing`` says so).
     """
 
     name: str
@@ -159,6 +166,7 @@ class Case:
     world_size: int
     applies: bool = True
     missing: str = ""
+    elsewhere: str = ""
 
 
 def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[int]) -> list[Case]:
@@ -170,20 +178,33 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
     module defines; where it defines none of the check's, one case per size
     with ``impl`` None and the reason in ``missing``. Against a ``--ddp-fn``
     wrapper a ddp check runs once; the wrapper checks (component
-    ``wrapper``) run only against one, with no case for modules.
+    ``wrapper``) run only against one, with no case for modules. A ``once``
+    check applies only in the smallest of ``world_sizes`` it fits.
     """
     found: list[Case] = []
     for c in checks:
         if c.component == WRAPPER and impl.ddp_wrapper is None:
             continue  # the behaviour checks of a --ddp-fn wrapper have nothing to check in modules
         sizes = [0] if not c.needs_world else list(world_sizes)
+        fits = [size for size in sizes if size and c.applies_to(size)]
+        only = min(fits) if c.once and fits else None
+        elsewhere = (
+            ""
+            if only is None
+            else (
+                f"checked once per run, in the world of {only} rank{'s' if only > 1 else ''}: what it checks does not "
+                "depend on the world's size"
+            )
+        )
         variants = c.variants(impl)
         if not variants:
             reason = f"{impl.ddp} defines none of {', '.join(c.ddp_apis)}"
             found += [Case(c.name, c, None, size, c.applies_to(size), reason) for size in sizes]
             continue
         for name, variant in variants:
-            found += [Case(name, c, variant, size, size == 0 or c.applies_to(size)) for size in sizes]
+            for size in sizes:
+                applies = size == 0 or (c.applies_to(size) and only in (None, size))
+                found.append(Case(name, c, variant, size, applies, elsewhere="" if applies else elsewhere))
     return found
 
 

@@ -106,11 +106,11 @@ def format_report(report: Report, strict: bool = False) -> str:
 def _header(report: Report, strict: bool) -> list[str]:
     """What was checked and how, then the run's notes and a blank line."""
     impl = report.impl
-    labels = {"gather": impl.gather_label, "ddp": impl.ddp_label, "config": impl.config}
+    labels = {"gather": impl.gather_label, "ddp": impl.ddp_label, "config": impl.config, "fsdp2": impl.fsdp2}
     components = "  ".join(
         f"{name}={labels[name]}" + ("" if name in report.components else " (used, not checked)")
         for name in COMPONENTS
-        if labels[name] not in (None, "-")
+        if labels[name] not in (None, "-") and _shown(name, report.components)
     )
     examples = "profile" if report.max_examples is None else str(report.max_examples)
     seed = "" if report.seed is None else f"  seed={report.seed}"
@@ -120,6 +120,13 @@ def _header(report: Report, strict: bool) -> list[str]:
         *report.notes,
         "",
     ]
+
+
+def _shown(component: str, checked: tuple[str, ...]) -> bool:
+    """Whether the header names ``component``: checked, or serving a checked one (fsdp2 serves none, uses none)."""
+    if component in checked:
+        return True
+    return component != "fsdp2" and any(c != "fsdp2" for c in checked)
 
 
 def _table(report: Report, strict: bool) -> list[str]:

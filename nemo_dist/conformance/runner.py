@@ -123,11 +123,14 @@ def run_case(case: Case, world: WorldLike | None) -> Verdict:
     """The verdict of one :class:`~nemo_dist.conformance.registry.Case` (``world`` None for world size 0).
 
     A case whose implementation defines none of the check's entry points is
-    "not supported" without running.
+    "not supported" without running; one checked once in another world of
+    the run "not applicable", saying where.
     """
+    c = case.check
     if case.impl is None:
-        c = case.check
         return Verdict(c.name, c.component, c.tier, case.world_size, "not supported", 0.0, case.missing)
+    if case.elsewhere:
+        return Verdict(case.name, c.component, c.tier, case.world_size, "not applicable", 0.0, case.elsewhere)
     return run_check(case.check, world, case.impl, name=case.name)
 
 
@@ -234,9 +237,20 @@ def run_checks(
             ]
         if worlds is not None:
             for size in world_sizes:
-                run_checks_in(checks, worlds(size), impl, verdicts, on_verdict, deadlines=deadlines, notes=notes)
+                run_checks_in(
+                    checks,
+                    worlds(size),
+                    impl,
+                    verdicts,
+                    on_verdict,
+                    deadlines=deadlines,
+                    notes=notes,
+                    world_sizes=world_sizes,
+                )
         else:
-            _run_worlds(made, checks, impl, verdicts, on_verdict, deadlines, notes, _lane_count(backend, made))
+            _run_worlds(
+                made, checks, impl, verdicts, on_verdict, deadlines, notes, _lane_count(backend, made), world_sizes
+            )
     return Report(
         tuple(verdicts),
         impl,
@@ -266,6 +280,7 @@ def _run_worlds(
     deadlines: Deadlines,
     notes: list[str],
     lane_count: int,
+    world_sizes: Sequence[int],
 ) -> None:
     """Run the checks in each World of ``made``, ``lane_count`` lanes side by side; verdicts in world order.
 
@@ -289,7 +304,9 @@ def _run_worlds(
         if index in following:
             start_in_background(following[index])
         found, found_notes = per_world[index], per_world_notes[index]
-        run_checks_in(checks, made[index], impl, found, emit, deadlines=deadlines, notes=found_notes)
+        run_checks_in(
+            checks, made[index], impl, found, emit, deadlines=deadlines, notes=found_notes, world_sizes=world_sizes
+        )
         made[index].close()
 
     if len(dealt) == 1:
@@ -352,14 +369,19 @@ def run_checks_in(
     *,
     deadlines: Deadlines | None = None,
     notes: list[str] | None = None,
+    world_sizes: Sequence[int] | None = None,
 ) -> None:
     """Run each of ``checks`` that needs a world in ``world``, in order, appending verdicts.
 
     A ``nemo_dist.testing.World`` is started first (so the first check's time
     is its own) and prepared (the implementation imported on every rank, each
     suite's ``prepare`` step); with ``deadlines`` its steps run under them.
+    ``world_sizes`` are the run's (default: this world's alone), which says
+    where a ``once`` check runs.
     """
-    found = _missing_first(cases([c for c in checks if c.needs_world], impl, (world.size,)))
+    sizes = (world.size,) if world_sizes is None else tuple(world_sizes)
+    needing = [c for c in checks if c.needs_world]
+    found = _missing_first([case for case in cases(needing, impl, sizes) if case.world_size == world.size])
     target: WorldLike = world
     if any(case.applies and case.impl is not None for case in found):
         start = getattr(world, "start", None)

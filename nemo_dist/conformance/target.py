@@ -25,7 +25,7 @@ from typing import Any
 
 from nemo_dist.conformance.callables import check_call, parse_gather_init, parse_gather_kwargs, parse_gather_output
 from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
-from nemo_dist.conformance.implementation import DDP_APIS, GROUP_PARAMETERS, DDPWrapper, Implementation
+from nemo_dist.conformance.implementation import DDP_APIS, FSDP2_APIS, GROUP_PARAMETERS, DDPWrapper, Implementation
 from nemo_dist.conformance.importing import import_path, resolve_callable
 from nemo_dist.conformance.wrapping import validate_wrapper
 
@@ -53,7 +53,7 @@ __all__ = [
 GATHER_FORMS: tuple[str, ...] = ("auto", "cat", "tuple", "stacked")
 
 #: The components an implementation can name, in the order checks and reports list them.
-COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config")
+COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config", "fsdp2")
 #: The component of the behaviour checks of a ``--ddp-fn`` wrapper (checked with "ddp" when one is named).
 WRAPPER = "wrapper"
 
@@ -71,10 +71,12 @@ def resolve_implementation(
     gather_output: str | int | None = None,
     gather_init: Sequence[str] = (),
     ddp_wrapper: DDPWrapper | None = None,
+    fsdp2: str | None = None,
+    fsdp2_sync_ctx: str | None = None,
 ) -> tuple[Implementation, tuple[str, ...]]:
     """The implementation the options name and the components to check.
 
-    A preset names all three modules (the other options override it);
+    A preset names every component's module (the other options override it);
     otherwise the named components are checked and the bundled modules serve
     the others (a DDP check needs a config class); naming nothing checks the
     bundled modules. ``gather_fn`` checks one callable as the gather component;
@@ -82,7 +84,8 @@ def resolve_implementation(
     say how to call it, ``gather_init`` how to build a class before
     (:mod:`~nemo_dist.conformance.callables`). ``ddp_wrapper`` checks a
     ``--ddp-fn`` wrapper as the ddp component, with the :data:`WRAPPER` checks.
-    Raises ``OptionError`` for a bad combination; nothing is imported here.
+    ``fsdp2_sync_ctx`` (``module:name``) is the fsdp2 component's
+    ``get_sync_ctx`` where its module has none. Raises ``OptionError`` for a bad combination; nothing is imported here.
     """
     if gather_form not in GATHER_FORMS:
         raise OptionError(f"{{opt:gather_form}} expects one of {', '.join(GATHER_FORMS)}; got {gather_form!r}")
@@ -105,7 +108,7 @@ def resolve_implementation(
                 f"{{opt:{field}}} applies to a {{opt:gather_fn}} callable only (a module's functions are "
                 "called as the contract says)"
             )
-    named = {c: p for c, p in (("gather", gather), ("ddp", ddp), ("config", config)) if p}
+    named = {c: p for c, p in (("gather", gather), ("ddp", ddp), ("config", config), ("fsdp2", fsdp2)) if p}
     extra: dict[str, Any] = {
         "gather_fn": gather_fn,
         "no_grad_fn": no_grad_fn,
@@ -114,6 +117,8 @@ def resolve_implementation(
         "gather_output": output,
         "gather_init": init,
     }
+    if fsdp2_sync_ctx is not None:
+        extra["fsdp2_sync_ctx"] = fsdp2_sync_ctx
     if gather_fn is not None:
         named["gather"] = None  # type: ignore[assignment]  # the callable replaces the module
     if ddp_wrapper is not None:
@@ -125,10 +130,11 @@ def resolve_implementation(
         if preset not in PRESETS:
             raise OptionError(
                 f"unknown {{opt:preset}} {preset!r}; choose one of {', '.join(PRESETS)}, "
-                "or name the modules with {opt:gather}/{opt:ddp}/{opt:config}"
+                "or name the modules with {opt:gather}/{opt:ddp}/{opt:config}/{opt:fsdp2}"
             )
         base = PRESETS[preset]
         paths = {c: named.get(c, getattr(base, c)) for c in COMPONENTS}
+        extra.setdefault("fsdp2_sync_ctx", base.fsdp2_sync_ctx if "fsdp2" not in named else None)
         return Implementation(**paths, **extra), (*COMPONENTS, *wrapped)
     if not named:
         return REFERENCE, COMPONENTS
@@ -140,6 +146,7 @@ def resolve_implementation(
 REQUIRED: dict[str, tuple[str, ...]] = {
     "gather": ("all_gather_with_grad", "all_gather_no_grad"),
     "config": ("DDPConfig",),
+    "fsdp2": ("FSDP2Config",),
 }
 
 
@@ -156,6 +163,11 @@ def validate_implementation(impl: Implementation) -> None:
             module = import_path(path)
         except OptionError as exc:
             raise OptionError(f"{{opt:{component}}} module {path!r} does not import: {exc.template}") from None
+        if component == "fsdp2" and not any(hasattr(module, api) for api in FSDP2_APIS):
+            raise OptionError(
+                f"{{opt:fsdp2}} module {path!r} has neither FSDP2Manager nor fsdp2_strategy_parallelize; "
+                "a fsdp2 module must define FSDP2Config and at least one of them"
+            )
         if component == "ddp":
             if not any(hasattr(module, api) for api in DDP_APIS):
                 raise OptionError(
@@ -169,6 +181,11 @@ def validate_implementation(impl: Implementation) -> None:
                 f"{{opt:{component}}} module {path!r} has no {', '.join(missing)}; "
                 f"a {component} module must define {', '.join(REQUIRED[component])}"
             )
+    if impl.fsdp2_sync_ctx is not None:
+        try:
+            resolve_callable(impl.fsdp2_sync_ctx)
+        except OptionError as exc:
+            raise OptionError(f"{{opt:fsdp2_sync_ctx}}: {exc.template}") from None
     for field, spec in (("gather_fn", impl.gather_fn), ("no_grad_fn", impl.no_grad_fn)):
         if spec is not None:
             try:
@@ -190,6 +207,8 @@ PRESETS = {
         gather="nemo_automodel.components.loss.dist_utils",
         ddp="nemo_automodel.components.distributed.ddp",
         config="nemo_automodel.components.distributed.config",
+        fsdp2="nemo_automodel.components.distributed.fsdp2",
+        fsdp2_sync_ctx="nemo_automodel.components.distributed.utils:get_sync_ctx",
     ),
 }
 
@@ -202,10 +221,10 @@ def import_components(impl: Implementation) -> None:
 
 
 def checked_components(impl: Implementation) -> tuple[str, ...]:
-    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config.
+    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config, fsdp2.
 
     A ``--ddp-fn`` wrapper is the ddp component, followed by :data:`WRAPPER`.
     """
     named = {"gather": impl.gather_named, "ddp": impl.ddp is not None or impl.ddp_wrapper is not None,
-             "config": impl.config is not None}
+             "config": impl.config is not None, "fsdp2": impl.fsdp2 is not None}
     return (*(c for c in COMPONENTS if named[c]), *((WRAPPER,) if impl.ddp_wrapper is not None else ()))

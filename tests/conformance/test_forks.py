@@ -60,10 +60,13 @@ def _component(module: str) -> str:
         ("gather", ("all_gather_with_grad",)),
         ("ddp", ("DDPManager", "parallelize_ddp")),
         ("config", ("DDPConfig",)),
+        ("fsdp2", ("FSDP2Manager", "fsdp2_strategy_parallelize")),
     ):
         if any(hasattr(fork, n) for n in names):
             return component
-    raise AssertionError(f"{module} provides none of all_gather_with_grad, DDPManager, parallelize_ddp, DDPConfig")
+    raise AssertionError(
+        f"{module} provides none of all_gather_with_grad, DDPManager, parallelize_ddp, DDPConfig, FSDP2Manager"
+    )
 
 
 def _alone(fork: str) -> tuple[Implementation, tuple[str, ...]]:
@@ -78,7 +81,7 @@ def _trio(prefix: str) -> tuple[Implementation, tuple[str, ...]]:
     """The three forks ``PREFIX_{gather,ddp,config}`` together, every component checked."""
     gather = f"tests.forks.{prefix}_dist_utils" if prefix == "upstream_faithful" else f"tests.forks.{prefix}_gather"
     impl = Implementation(gather=gather, ddp=f"tests.forks.{prefix}_ddp", config=f"tests.forks.{prefix}_config")
-    return impl, COMPONENTS
+    return impl, ("gather", "ddp", "config")
 
 
 #: Fork -> (implementation, components checked, world sizes). Each one runs once.
@@ -92,6 +95,9 @@ TARGETS: dict[str, tuple[Implementation, tuple[str, ...], tuple[int, ...]]] = {
 #: Broken forks whose bug needs a subgroup, which the group checks make in worlds of 3 or more.
 for _fork in ("broken_gather_group_rank_from_first_member", "broken_gather_uneven_group_global_rank"):
     TARGETS[_fork] = (*_alone(_fork), (3,))
+#: Broken FSDP2 forks whose bug is in HSDP, which the fsdp2 checks run in worlds of 4.
+for _fork in ("broken_fsdp2_hsdp_replicas_unsynced", "broken_fsdp2_mesh_dims_swapped"):
+    TARGETS[_fork] = (*_alone(_fork), (4,))
 COVERED = {f for f in _FORK_FILES if f.startswith(("broken_", "independent_", "upstream_faithful_"))} | {
     "upstream_style_gather"
 }
@@ -226,6 +232,33 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
     "broken_gather_uneven_pads_with_nan": [
         ("gather.uneven_no_grad_gathers_integers_and_bools", "value cannot be converted to type")
     ],
+    # The FSDP2 component (issue 30): one fork per field, upstream's own bugs among them (3135, 3679, 2768's class).
+    "broken_fsdp2_hsdp_replicas_unsynced": [
+        ("fsdp2.shards_over_the_data_parallel_dims",
+         r"HSDP 2x2, rank \d: \S+ has placements \['Shard\(dim=0\)'\], expected \['Replicate\(\)', 'Shard\(dim=0\)'\]"),
+        ("fsdp2.trains_like_one_process", r"HSDP 2x2, sgd, 3 steps, rank \d: parameters vs one process"),
+    ],
+    "broken_fsdp2_sync_never_defers": [
+        ("fsdp2.deferred_sync_reduces_on_the_last_micro_batch",
+         r"defer_fsdp_grad_sync=True, FSDP, rank \d: parameters holding a reduced gradient after each micro-batch "
+         r"\[\d+, \d+\]; expected none before the last"),
+    ],
+    "broken_fsdp2_mesh_dims_swapped": [
+        ("fsdp2.shards_over_the_data_parallel_dims",
+         r"HSDP 2x2, rank \d: \S+ is placed over ranks \[\[0, 1\], \[0, 2\]\] .*expected \[\[0, 2\], \[0, 1\]\]"),
+    ],
+    "broken_fsdp2_reduce_dtype_ignored": [
+        ("fsdp2.default_mp_policy_bf16_compute_fp32_reduce", r"reduced in bfloat16 \(gloo:.*expected float32"),
+    ],
+    "broken_fsdp2_root_resharded": [("fsdp2.reshard_after_forward_chooses_units", r"differs at \[''\]")],
+    "broken_fsdp2_offload_dropped": [
+        ("fsdp2.cpu_offload_trains_and_offloads",
+         r"offload_policy=cpu, rank \d: units' offload policies .*expected CPUOffloadPolicy on each"),
+    ],
+    "broken_fsdp2_checkpointing_scope_ignored": [
+        ("fsdp2.activation_checkpointing_recomputes_selected_layers",
+         r"scope 'vision', rank \d: layers\.0 \(language group, not selected\) ran attn [1-9]"),
+    ],
 }
 #: Broken forks whose failures name a likely cause (world of 2), and the cause's first words.
 LIKELY_CAUSES = {
@@ -253,10 +286,13 @@ UPSTREAM_EXTENDED_FINDINGS = {
     ("ddp.autocast_dtype[DDPManager]", 1),
 }
 
-if importlib.util.find_spec("transformers") is not None:  # Whisper's encoder is the audio group beyond upstream
-    UPSTREAM_EXTENDED_FINDINGS |= {
-        (f"ddp.checkpointing_real_models_beyond_upstream[{api}]", 1) for api in ("parallelize_ddp", "DDPManager")
-    }
+#: Whisper's encoder is the audio group beyond upstream: a finding where transformers is installed, in the world
+#: of 2 (the check runs once, in its smallest world).
+WHISPER_FINDINGS = (
+    {(f"ddp.checkpointing_real_models_beyond_upstream[{api}]", 2) for api in ("parallelize_ddp", "DDPManager")}
+    if importlib.util.find_spec("transformers") is not None
+    else set()
+)
 
 #: Forks whose backward changes the caller's contiguous upstream gradient in place -> world size -> whether the
 #: in-place check fails there (in a world of one they return x itself: no backward of theirs runs).
@@ -332,12 +368,14 @@ def test_broken_fork_fails_its_guarding_check_with_a_readable_failure(fork: str,
 #: Broken forks left out of the cheap run of every check: their ranks crash in every backward, so each check
 #: would only replace the world again; the crash tests below prove what the tool makes of that crash.
 CRASHING = frozenset({"broken_gather_backward_segfaults"})
-#: Broken DDP forks that are the reference with one config field handled wrong: their run of every check shows no
-#: more of the tool than broken_ddp_drops_bucket_cap's does, and costs seconds each, so it is thorough (--thorough).
-ONE_FIELD_DDP_FORKS = frozenset(f for f in GUARDS if f.startswith("broken_ddp_")) - {
+#: Broken DDP and FSDP2 forks that are the reference with one config field handled wrong: their run of every check
+#: shows no more of the tool than broken_ddp_drops_bucket_cap's (broken_fsdp2_root_resharded's) does, and costs
+#: seconds each, so it is thorough (--thorough).
+ONE_FIELD_DDP_FORKS = frozenset(f for f in GUARDS if f.startswith(("broken_ddp_", "broken_fsdp2_"))) - {
     "broken_ddp_drops_bucket_cap",
     "broken_ddp_forward_sync_buffers",
     "broken_ddp_no_checkpointing",
+    "broken_fsdp2_root_resharded",
 }
 
 
@@ -430,6 +468,8 @@ def test_upstream_faithful_fork_conforms_and_reports_upstreams_extended_findings
     assert all(v.tier == "extended" and v.message for v in report.verdicts if v.failed), table
     small = {(v.check, v.world_size) for v in report.verdicts if v.failed and v.world_size <= 1}
     assert small == UPSTREAM_EXTENDED_FINDINGS, table
+    real_models = {(v.check, v.world_size) for v in report.verdicts if v.failed and "real_models" in v.check}
+    assert real_models == WHISPER_FINDINGS, table
     not_applicable = {v.check.split("[")[0] for v in report.verdicts if v.outcome == "not applicable"}
     assert {"ddp.bucket_cap_mb", "ddp.gradient_as_bucket_view", "ddp.static_graph"} <= not_applicable, table
     assert "DeprecationWarning: DDPManager is deprecated" in table

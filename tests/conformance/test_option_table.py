@@ -179,7 +179,7 @@ def test_the_command_reproduce_line_repeats_the_marked_options_in_table_order() 
         "--gather-init a=1 --gather-init b=2 --gather-output 3 --ddp 3 --ddp-fn 3 --ddp-method 3 --ddp-kwarg a=1 "
         "--ddp-kwarg b=2 --ddp-output 3 --ddp-reduction 3 --ddp-buffers 3 --ddp-after-backward 3 --ddp-grad-attr 3 "
         "--ddp-zero-grad 3 --ddp-start 3 --ddp-mesh 3 --ddp-compute-dtype 3 --ddp-reduce-dtype 3 "
-        "--config 3 --preset 3 --backend 3 --tier 3 --max-examples 3 --strict --timeout 3 "
+        "--config 3 --fsdp2 3 --fsdp2-sync-ctx 3 --preset 3 --backend 3 --tier 3 --max-examples 3 --strict --timeout 3 "
         "--min-deadline 3 --hypothesis-db 3"
     )
 
@@ -207,7 +207,8 @@ def test_the_pytest_reproduce_line_repeats_the_marked_options_in_table_order(pyt
         "--conformance-ddp-buffers 3 --conformance-ddp-after-backward 3 --conformance-ddp-grad-attr 3 "
         "--conformance-ddp-zero-grad 3 --conformance-ddp-start 3 --conformance-ddp-mesh 3 "
         "--conformance-ddp-compute-dtype 3 --conformance-ddp-reduce-dtype 3 "
-        "--conformance-config 3 --conformance-preset 3 --conformance-backend 3 "
+        "--conformance-config 3 --conformance-fsdp2 3 --conformance-fsdp2-sync-ctx 3 --conformance-preset 3 "
+        "--conformance-backend 3 "
         "--conformance-tier 3 --conformance-max-examples 3 --conformance-min-deadline 3 "
         "--conformance-hypothesis-db 3 --dist-world-sizes 2 --hypothesis-seed=7"
     )

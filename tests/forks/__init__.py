@@ -1,10 +1,11 @@
 """Implementations the conformance tests check (data): broken, independent, upstream-faithful and gallery forks.
 
-Most broken forks are the bundled reference with one thing wrong. The two
+Most broken forks are the bundled reference with one thing wrong. The
 helpers here build the common cases: a manager that hands ``parallelize_ddp``
-a changed config, and a config that keeps one field's bad value unchecked.
-They import the reference only when called, so importing an independent fork
-imports no nemo_dist code.
+a changed config, a config that keeps one field's bad value unchecked, and
+both FSDP2 entry points around a changed ``_parallelize``. They import the
+reference only when called, so importing an independent fork imports no
+nemo_dist code.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["config_keeping", "manager_changing_config"]
+__all__ = ["config_keeping", "fsdp2_fork", "manager_changing_config"]
 
 
 def manager_changing_config(change: Callable[[Any], Any], doc: str) -> type:
@@ -50,3 +51,54 @@ def config_keeping(field: str, unchecked: Callable[[Any], bool], doc: str) -> ty
                 setattr(self, field, given)  # the deliberate bug: kept unchecked
 
     return DDPConfig
+
+
+def fsdp2_fork(parallelize: Callable[[Any, Any, Any, Any], Any], doc: str) -> tuple[type, Callable[..., Any]]:
+    """The reference ``FSDP2Manager`` and ``fsdp2_strategy_parallelize``, both sharding through ``parallelize``.
+
+    ``parallelize(model, config, device_mesh, reapply_trainability)`` stands in
+    for the reference's ``_parallelize`` (the fork's deliberate bug lives
+    there); ``doc`` says how it differs and becomes the manager's docstring.
+    The functional entry point takes the reference's parameters (its
+    signature is reported as the reference's), rejects what the reference
+    rejects with the same errors and builds the ``FSDP2Config`` from its
+    keywords as the reference does. Returns ``(FSDP2Manager,
+    fsdp2_strategy_parallelize)``.
+    """
+    import inspect
+
+    from nemo_dist.distributed import fsdp2 as reference
+
+    class FSDP2Manager(reference.FSDP2Manager):
+        __doc__ = doc
+
+        def parallelize(self, model: Any, reapply_trainability: Any = None) -> Any:
+            """Shard ``model`` through the fork's ``parallelize`` (the deliberate bug)."""
+            return parallelize(model, self.config, self.device_mesh, reapply_trainability)
+
+    signature = inspect.signature(reference.fsdp2_strategy_parallelize)
+
+    def fsdp2_strategy_parallelize(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        keywords = dict(bound.arguments)
+        names = tuple(keywords.pop(f"{dim}_mesh_name") for dim in ("dp_replicate", "dp_shard_cp", "tp"))
+        if names != ("dp_replicate", "dp_shard_cp", "tp"):
+            raise ValueError(
+                "fsdp2_strategy_parallelize: custom mesh dim names are not supported; the mesh uses "
+                "dp_replicate, dp_shard_cp and tp (see nemo_dist.distributed.mesh)"
+            )
+        frozen = keywords.pop("frozen_multimodal_sharding")
+        if frozen != "root":
+            raise NotImplementedError(
+                f"fsdp2_strategy_parallelize: frozen_multimodal_sharding={frozen!r} is not "
+                "supported; nemo_dist's FSDP2 component keeps frozen multimodal towers in the root unit ('root')"
+            )
+        model, device_mesh = keywords.pop("model"), keywords.pop("device_mesh")
+        reapply_trainability = keywords.pop("reapply_trainability")
+        keywords["tp_plan"] = keywords.pop("tp_shard_plan")
+        return parallelize(model, reference.FSDP2Config(**keywords), device_mesh, reapply_trainability)
+
+    fsdp2_strategy_parallelize.__doc__ = f"The reference's functional entry point, sharding as the fork's manager. {doc}"
+    fsdp2_strategy_parallelize.__signature__ = signature  # type: ignore[attr-defined]
+    return FSDP2Manager, fsdp2_strategy_parallelize

@@ -14,6 +14,10 @@ float32 parameters and gradients equal to an explicit ``torch.autocast``, and
 training equal to one process on the full batch. Each field's off or default
 value is checked beside its other values.
 
+The checkpointing checks run once per run, in the smallest of its worlds
+of two or more ranks (``once``): recompute is counted inside each rank, and
+two ranks are the fewest with a real DDP reduction between them.
+
 Core is what upstream (nemo-automodel 0.7.0) does. Upstream returns the
 model unwrapped in a world of one rank, so a check that needs the DDP object
 is not applicable there; wrapping a world of one, applying
@@ -328,20 +332,20 @@ def static_graph(world: WorldLike, impl: Implementation) -> None:
         assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
 
 
-@check("ddp.activation_checkpointing_full", tier="core", component="ddp")
+@check("ddp.activation_checkpointing_full", tier="core", component="ddp", min_world=2, once=True)
 def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> None:
     """Full checkpointing recomputes every matmul of exactly the selected trainable blocks, gradients unchanged."""
     recompute.check_recompute(world, impl, True)
     recompute.check_recompute(world, impl, "full", ("all", "language"))  # the same mode, spelled as a string
 
 
-@check("ddp.activation_checkpointing_off", tier="core", component="ddp")
+@check("ddp.activation_checkpointing_off", tier="core", component="ddp", min_world=2, once=True)
 def activation_checkpointing_off(world: WorldLike, impl: Implementation) -> None:
     """activation_checkpointing=False (the default) recomputes no block, no matmul in backward, whatever the scope."""
     recompute.check_recompute(world, impl, False, ("all", "multimodal"))
 
 
-@check("ddp.activation_checkpointing_selective", tier="core", component="ddp")
+@check("ddp.activation_checkpointing_selective", tier="core", component="ddp", min_world=2, once=True)
 def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
     """Selective checkpointing reruns exactly the selected trainable blocks: fewer matmuls than full, at least one
     other op (a policy saving everything recomputes nothing); same grads."""

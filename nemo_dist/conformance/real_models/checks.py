@@ -30,6 +30,10 @@ Beyond upstream (extended): Whisper's encoder is the audio group and its
 decoder the language group. Upstream's discovery files both stacks under
 "language" and keeps one of them, so scope "audio" checkpoints nothing.
 
+Each check runs once per run, in the smallest of its worlds of two or more
+ranks (``once``): what it counts happens inside each rank, and two ranks are
+the fewest with a real DDP reduction between them.
+
 Without ``transformers`` in the parent process each check is skipped, before
 it touches the world, saying how to install it.
 """
@@ -178,13 +182,20 @@ def _check_architectures(
         _check_architecture(world, impl, architecture, False, ("all",))
 
 
-@check("ddp.checkpointing_real_models", tier="core", component="ddp", preload=PRELOAD)
+@check("ddp.checkpointing_real_models", tier="core", component="ddp", preload=PRELOAD, min_world=2, once=True)
 def checkpointing_real_models(world: WorldLike, impl: Implementation) -> None:
     """On tiny real Qwen2-VL and Qwen2-Audio, each scope reruns exactly its trainable blocks; gradients unchanged."""
     _check_architectures(world, impl, CORE_ARCHITECTURES, REAL_MODEL_SCOPES, ("language", "multimodal"))
 
 
-@check("ddp.checkpointing_real_models_beyond_upstream", tier="extended", component="ddp", preload=PRELOAD)
+@check(
+    "ddp.checkpointing_real_models_beyond_upstream",
+    tier="extended",
+    component="ddp",
+    preload=PRELOAD,
+    min_world=2,
+    once=True,
+)
 def checkpointing_real_models_beyond_upstream(world: WorldLike, impl: Implementation) -> None:
     """On a tiny real Whisper, scope "audio" reruns the encoder blocks only and "language" the decoder blocks only."""
     _check_architectures(world, impl, ("Whisper",), ("audio", "language", "all"), ("audio",))

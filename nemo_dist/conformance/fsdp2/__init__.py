@@ -1,0 +1,16 @@
+"""The fsdp2 suite: NeMo AutoModel's FSDP2 path, every ``FSDP2Config`` field proven by behaviour in real worlds.
+
+Importing it registers its checks (:mod:`.checks`) and its world setup: each
+rank shards and steps one tiny model when its world starts
+(:func:`.ranks.warm_up`), so torch's first FSDP2 imports (DTensor, sympy:
+about a second) are paid in the background rather than inside a check's deadline.
+"""
+
+from __future__ import annotations
+
+from nemo_dist.conformance.fsdp2 import checks, ranks
+from nemo_dist.conformance.registry import Suite, register_suite
+
+__all__ = ["checks"]
+
+register_suite(Suite("fsdp2", world_setup=ranks.warm_up))

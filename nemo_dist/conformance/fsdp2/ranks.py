@@ -1,0 +1,477 @@
+"""Rank-side functions of the FSDP2 checks: shard a :class:`~.models.TinyLM` through the component, report.
+
+Every function runs on each rank of a world (``world.run``), shards a
+seeded model through the implementation's entry point (:func:`parallelize`:
+``FSDP2Manager(config, mesh).parallelize(model)``, else
+``fsdp2_strategy_parallelize``) over the mesh :func:`mesh` builds, and
+returns plain data and CPU tensors for the parent to judge. A parameter is
+read through ``full_tensor()`` (a collective: every rank reads the same
+parameters in the same order).
+
+Config fields travel as plain data: ``mp_policy`` None (the component's
+default) or a dict of ``MixedPrecisionPolicy`` fields with dtype names
+(``{"param_dtype": "bfloat16"}``; ``{}`` is mixed precision off);
+``offload_policy`` None or ``"cpu"`` (``CPUOffloadPolicy(pin_memory=False)``:
+pinning needs an accelerator).
+
+Upstream's sharding patches ``FSDPParam.to_accumulated_grad_if_needed``
+process-wide the first time it runs; worlds are persistent and serve other
+implementations after it, so every function here puts it back
+(:func:`_own_fsdp_internals`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from nemo_dist.conformance.ddp.sharded import cpu_copy, full
+from nemo_dist.conformance.errors import NotSupported
+from nemo_dist.conformance.fsdp2.models import blocks, tiny_lm
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.wrapper.ranks import reductions
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+__all__ = [
+    "MESH_DIM_NAMES",
+    "PER_RANK",
+    "accumulation",
+    "checkpointing",
+    "mesh",
+    "offload",
+    "parallelize",
+    "precision",
+    "prefetch",
+    "resharding",
+    "sharding",
+    "training",
+    "warm_up",
+]
+
+#: The dims of NeMo AutoModel's FSDP2 mesh, outermost first, and its flattened dims.
+MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+_FLATTENED = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+}
+#: Token rows per rank and step.
+PER_RANK = 2
+_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_MESHES: dict[tuple[int, int], Any] = {}
+
+
+def _device() -> torch.device:
+    """This rank's device: its GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def mesh(replicas: int) -> Any:
+    """This world's mesh as upstream builds it: ``(pp, dp_replicate, dp_shard, cp, tp)`` = ``(1, R, W/R, 1, 1)``.
+
+    With the flattened dims ``dp``, ``dp_shard_cp`` and ``dp_cp``; on "cpu"
+    under gloo. Built once per world and replica count (a collective, in the
+    same order on every rank).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (id(dist.group.WORLD), replicas)
+    if key not in _MESHES:
+        shape = (1, replicas, dist.get_world_size() // replicas, 1, 1)
+        built = init_device_mesh(_device().type, shape, mesh_dim_names=MESH_DIM_NAMES)
+        for name, dims in _FLATTENED.items():
+            built[dims]._flatten(name)
+        _MESHES[key] = built
+    return _MESHES[key]
+
+
+@contextlib.contextmanager
+def _own_fsdp_internals() -> Iterator[None]:
+    """Put back what an implementation patched on torch's ``FSDPParam`` (upstream does, process-wide)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    original = FSDPParam.to_accumulated_grad_if_needed
+    try:
+        yield
+    finally:
+        FSDPParam.to_accumulated_grad_if_needed = original  # type: ignore[method-assign]
+
+
+def _policies(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with ``mp_policy`` and ``offload_policy`` made torch's policy objects."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    made = dict(fields)
+    if made.get("mp_policy") is not None:
+        made["mp_policy"] = MixedPrecisionPolicy(**{k: _DTYPES.get(v, v) for k, v in made["mp_policy"].items()})
+    if made.get("offload_policy") == "cpu":
+        made["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+    return made
+
+
+def parallelize(impl: Implementation, model: nn.Module, device_mesh: Any, fields: dict[str, Any]) -> nn.Module:
+    """Shard ``model`` through the fsdp2 module with ``FSDP2Config(**fields)``; return what it returns.
+
+    ``FSDP2Manager(config, device_mesh).parallelize(model)`` when the module
+    has one (upstream's deprecation warning silenced), else
+    ``fsdp2_strategy_parallelize(model, device_mesh, **keywords)`` with the
+    config's fields as keywords (the config built first, so its defaults
+    apply, not the function's).
+    """
+    module = impl.module("fsdp2")
+    config = module.FSDP2Config(**_policies(fields))
+    if hasattr(module, "FSDP2Manager"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            manager = module.FSDP2Manager(config, device_mesh)
+        result = manager.parallelize(model)
+    else:
+        keywords = {
+            name: getattr(config, name)
+            for name in (
+                "mp_policy",
+                "offload_policy",
+                "activation_checkpointing",
+                "enable_fsdp2_prefetch",
+                "fsdp2_backward_prefetch_depth",
+                "fsdp2_forward_prefetch_depth",
+                "reshard_after_forward",
+                "activation_checkpointing_scope",
+            )
+        }
+        result = module.fsdp2_strategy_parallelize(model, device_mesh, **keywords)
+    return model if result is None else result
+
+
+def _sync_ctx(impl: Implementation) -> Callable[..., Any]:
+    """The component's ``get_sync_ctx``: the fsdp2 module's, else ``--fsdp2-sync-ctx``'s; ``NotSupported`` if none."""
+    found = getattr(impl.module("fsdp2"), "get_sync_ctx", None)
+    if found is None and impl.fsdp2_sync_ctx is not None:
+        found = resolve_callable(impl.fsdp2_sync_ctx)
+    if found is None:
+        raise NotSupported(f"{impl.fsdp2} defines no get_sync_ctx (name one with --fsdp2-sync-ctx MODULE:NAME)")
+    return found
+
+
+def _tokens(seed: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every step's global batch, the same on every rank: token ids and target ids, ``[steps, W * PER_RANK]``."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = PER_RANK * dist.get_world_size()
+    return torch.randint(0, 10, (2, steps, rows), generator=generator).unbind(0)  # type: ignore[return-value]
+
+
+def _local(batch: torch.Tensor) -> torch.Tensor:
+    start = dist.get_rank() * PER_RANK
+    return batch[start : start + PER_RANK].to(_device())
+
+
+def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens.to(_device()))
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets.to(_device()))
+
+
+def _local_part(param: Any) -> torch.Tensor:
+    """This rank's shard of a DTensor parameter; any other tensor itself."""
+    return param.to_local() if _is_dtensor(param) else param
+
+
+def _is_dtensor(value: Any) -> TypeGuard[DTensor]:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def _units(model: nn.Module) -> dict[str, Any]:
+    """Every FSDP unit (``fully_shard``-ed module) by its name in ``model`` ("" the root)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return {name: unit for name, unit in model.named_modules() if isinstance(unit, FSDPModule)}
+
+
+def _managed(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Per unit, the parameters it manages (its own, not those of units under it)."""
+    units = _units(model)
+    found = {}
+    for name, unit in units.items():
+        inner = {
+            id(p) for other in units.values() if other is not unit and _under(other, unit) for p in other.parameters()
+        }
+        found[name] = [p for p in unit.parameters() if id(p) not in inner]
+    return found
+
+
+def _under(module: nn.Module, root: nn.Module) -> bool:
+    return any(m is module for m in root.modules())
+
+
+def _resharded(model: nn.Module) -> dict[str, bool]:
+    """Per unit with parameters: are they sharded DTensors (resharded), rather than unsharded tensors, now?"""
+    return {name: all(_is_dtensor(p) for p in params) for name, params in _managed(model).items() if params}
+
+
+def _named_groups(replicas: int) -> dict[str, list[int]]:
+    """This rank's expected shard group and replica group (global ranks) in the ``(R, W/R)`` layout."""
+    rank, shards = dist.get_rank(), dist.get_world_size() // replicas
+    return {
+        "shard": [rank // shards * shards + j for j in range(shards)],
+        "replicate": [rank % shards + i * shards for i in range(replicas)],
+    }
+
+
+def sharding(impl: Implementation, replicas: int, seed: int) -> dict[str, Any]:
+    """Shard with mixed precision off; each parameter's placements, mesh dims' ranks, local rows, full tensor.
+
+    Also whether the entry point returned the model itself, the expected
+    groups of this rank, and each parameter's unsharded value and rows.
+    """
+    with _own_fsdp_internals():
+        reference = tiny_lm(seed, torch.float64)
+        model: nn.Module = copy.deepcopy(reference).to(_device())
+        returned = parallelize(impl, model, mesh(replicas), {"mp_policy": {}})
+        params = []
+        param: Any
+        for (name, param), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+            found: dict[str, Any] = {"name": name, "rows": expected.shape[0], "dtensor": _is_dtensor(param)}
+            if found["dtensor"]:
+                found["placements"] = [repr(p) for p in param.placements]
+                found["dims"] = list(param.device_mesh.mesh_dim_names or ())
+                found["groups"] = [
+                    dist.get_process_group_ranks(param.device_mesh.get_group(d)) for d in range(param.device_mesh.ndim)
+                ]
+                found["local_rows"] = param.to_local().shape[0]
+            found["full_equal"] = torch.equal(cpu_copy(param), expected)
+            params.append(found)
+        return {"returned_model": returned is model, "params": params, "expected": _named_groups(replicas)}
+
+
+def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=0.01)
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def training(
+    impl: Implementation, replicas: int, seed: int, optimizer: str, steps: int, fields: dict[str, Any], tied: bool
+) -> dict[str, Any]:
+    """Train ``steps`` steps sharded and, beside it, one process on the whole batch; both models' final parameters.
+
+    Also the parameters whose replicas differ under HSDP
+    (:func:`_replicas_differ`) and whether ``head.weight`` is still
+    ``embed.weight``.
+    """
+    with _own_fsdp_internals():
+        reference = tiny_lm(seed, torch.float64, tied)
+        lm = copy.deepcopy(reference).to(_device())
+        model = parallelize(impl, lm, mesh(replicas), {"mp_policy": {}, **fields})
+        tokens, targets = _tokens(seed, steps)
+        sharded_opt, reference_opt = (
+            _optimizer(optimizer, model.parameters()),
+            _optimizer(optimizer, reference.parameters()),
+        )
+        for step in range(steps):
+            _loss(model, _local(tokens[step]), _local(targets[step])).backward()
+            sharded_opt.step()
+            sharded_opt.zero_grad()
+            _loss(reference, tokens[step], targets[step]).to("cpu").backward()
+            reference_opt.step()
+            reference_opt.zero_grad()
+        return {
+            "params": [cpu_copy(p) for p in model.parameters()],
+            "expected": [p.detach().clone() for p in reference.parameters()],
+            "names": [n for n, _ in model.named_parameters()],
+            "replicas_differ": _replicas_differ(model),
+            "tied": lm.head.weight is lm.embed.weight,
+        }
+
+
+def _replicas_differ(model: nn.Module) -> list[str]:
+    """The parameters whose local shard differs between this rank and another replica of it.
+
+    A replica is what the parameter's own placement says: the ranks of its
+    mesh's ``Replicate()`` dim (HSDP), whose shards are gathered and compared
+    bit for bit. A collective over each such group, in parameter order.
+    """
+    from torch.distributed.tensor import Replicate
+
+    differ = []
+    for name, param in model.named_parameters():
+        if not _is_dtensor(param) or param.device_mesh.ndim != 2 or not isinstance(param.placements[0], Replicate):
+            continue
+        group = param.device_mesh.get_group(0)
+        mine = param.to_local().detach().contiguous()
+        shards = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(shards, mine, group=group)
+        if not all(torch.equal(mine, other) for other in shards):
+            differ.append(name)
+    return differ
+
+
+def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[str, str] | None) -> dict[str, Any]:
+    """Shard a float32 model with ``mp_policy``; the dtypes of compute, output, parameters, grads, Adam state, reduce.
+
+    ``mp_policy`` None is the component's default policy.
+    """
+    with _own_fsdp_internals():
+        model: nn.Module = tiny_lm(seed, torch.float32).to(_device())
+        seen: dict[str, str] = {}
+        first = blocks(model)["layers.0"].mlp  # type: ignore[arg-type]  # a TinyLM, not yet sharded
+        first.register_forward_hook(lambda module, args, out: seen.update(weight=str(module.up.weight.dtype)))
+        model = parallelize(impl, model, mesh(replicas), {"mp_policy": mp_policy})
+        tokens, targets = _tokens(seed, 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        with reductions() as reduced:
+            logits = model(_local(tokens[0]))
+            F.cross_entropy(logits.float(), _local(targets[0])).backward()
+        optimizer.step()
+        state = {str(v.dtype) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()}
+        return {
+            "compute": seen.get("weight", "?").removeprefix("torch."),
+            "output": str(logits.dtype).removeprefix("torch."),
+            "params": sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}),
+            "grads": sorted(
+                {str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None}
+            ),
+            "state": sorted(s.removeprefix("torch.") for s in state),
+            "reductions": reduced,
+        }
+
+
+def resharding(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str, bool]:
+    """Shard with ``fields``; per unit, whether its parameters are resharded between forward and backward."""
+    with _own_fsdp_internals():
+        model = parallelize(impl, tiny_lm(seed, torch.float64).to(_device()), mesh(1), {"mp_policy": {}, **fields})
+        tokens, targets = _tokens(seed, 1)
+        loss = _loss(model, _local(tokens[0]), _local(targets[0]))
+        found = _resharded(model)
+        loss.backward()
+        return found
+
+
+def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> dict[str, Any]:
+    """Accumulate ``micro`` micro-batches through ``get_sync_ctx``, deferred and not; what each mode did.
+
+    Per mode (``"deferred"``, ``"eager"``): the gradient reductions the
+    backend ran over all micro-batches (one profiler session), how many
+    parameters held a (reduced, sharded) gradient after each micro-batch,
+    and the final full gradients. ``"expected"``: one process's gradients of
+    the same micro-batches, summed.
+    """
+    get_sync_ctx = _sync_ctx(impl)
+    tokens, targets = _tokens(seed, micro)
+    found: dict[str, Any] = {}
+    with _own_fsdp_internals():
+        reference = tiny_lm(seed, torch.float64)
+        for mode, defer in (("deferred", True), ("eager", False)):
+            model = parallelize(impl, copy.deepcopy(reference).to(_device()), mesh(replicas), {"mp_policy": {}})
+            held = []
+            with reductions() as reduced:
+                for index in range(micro):
+                    with get_sync_ctx(model, index == micro - 1, defer):
+                        _loss(model, _local(tokens[index]), _local(targets[index])).backward()
+                    held.append(sum(p.grad is not None for p in model.parameters()))
+            resume = getattr(model, "set_requires_gradient_sync", None)
+            if resume is not None:
+                resume(True)  # as the next step's first micro-batch would find it
+            found[mode] = {
+                "reductions": len(reduced),
+                "held": held,
+                "grads": [None if p.grad is None else cpu_copy(p.grad) for p in model.parameters()],
+            }
+        for index in range(micro):
+            _loss(reference, tokens[index], targets[index]).backward()
+        found["expected"] = [p.grad for p in reference.parameters()]
+        found["params"] = len(found["expected"])
+    return found
+
+
+def _state(unit: nn.Module) -> Any:
+    get = getattr(unit, "_get_fsdp_state", None)
+    if get is None:
+        raise NotSupported("torch's FSDPModule has no _get_fsdp_state here: the prefetch and offload state is unread")
+    return get()
+
+
+def prefetch(impl: Implementation, seed: int, fields: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+    """Shard with ``fields``; every prefetch chain set, as (direction, unit, the units it prefetches).
+
+    Read from each unit's FSDP state (torch's private ``_states_to_*_prefetch``),
+    however the chains were set.
+    """
+    with _own_fsdp_internals():
+        model = parallelize(impl, tiny_lm(seed, torch.float64).to(_device()), mesh(1), {"mp_policy": {}, **fields})
+        units = _units(model)
+        names = {id(_state(unit)): name for name, unit in units.items()}
+        chains = []
+        for name, unit in units.items():
+            state = _state(unit)
+            for way in ("forward", "backward"):
+                targets = getattr(state, f"_states_to_{way}_prefetch", None)
+                if targets is None:
+                    raise NotSupported(f"torch's FSDP state has no _states_to_{way}_prefetch here")
+                if targets:
+                    chains.append((way, name, [names.get(id(t), "?") for t in targets]))
+        return sorted(chains)
+
+
+def offload(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str, Any]:
+    """Shard with ``fields``; each unit's offload policy (its type's name) and where the sharded parameters live."""
+    with _own_fsdp_internals():
+        model = parallelize(impl, tiny_lm(seed, torch.float64).to(_device()), mesh(1), {"mp_policy": {}, **fields})
+        policies = {}
+        for name, unit in _units(model).items():
+            group = getattr(_state(unit), "_fsdp_param_group", None)
+            if group is not None:
+                policies[name] = type(group.offload_policy).__name__
+        devices = sorted({_local_part(p).device.type for p in model.parameters()})
+        return {"policies": policies, "devices": devices}
+
+
+def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str) -> dict[str, Any]:
+    """One step with checkpointing ``mode`` and ``scope``; per block, attn and mlp calls in backward; the grads.
+
+    Beside it, the same model sharded without checkpointing (its gradients
+    are the expected ones).
+    """
+    with _own_fsdp_internals():
+        found: dict[str, Any] = {}
+        for run, fields in (
+            ("plain", {}),
+            ("checkpointed", {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}),
+        ):
+            lm = tiny_lm(seed, torch.float64).to(_device())
+            counted = blocks(lm)
+            model = parallelize(impl, lm, mesh(1), {"mp_policy": {}, **fields})
+            tokens, targets = _tokens(seed, 1)
+            loss = _loss(model, _local(tokens[0]), _local(targets[0]))
+            before = {name: (b.attn.calls, b.mlp.calls) for name, b in counted.items()}
+            loss.backward()
+            found[run] = {
+                "recomputed": {
+                    name: (b.attn.calls - before[name][0], b.mlp.calls - before[name][1]) for name, b in counted.items()
+                },
+                "grads": [None if p.grad is None else cpu_copy(p.grad) for p in model.parameters()],
+            }
+        return found
+
+
+def warm_up() -> None:
+    """Shard a tiny model and step it once on this rank: torch's first FSDP2 imports paid when a world starts."""
+    model = tiny_lm(0, torch.float32).to(_device())
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model, mesh=mesh(1)["dp_shard"])
+    model(torch.zeros(1, dtype=torch.long, device=_device())).sum().backward()
+    full(next(model.parameters()))
