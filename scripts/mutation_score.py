@@ -62,6 +62,7 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
     "nemo_dist/distributed/activation_checkpointing.py": (
         "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
     ),
+    "nemo_dist/distributed/fsdp2.py": ("--fsdp2", "nemo_dist.distributed.fsdp2"),
 }
 
 #: How an EXPLAINED reason says the mutant changes only what a CPU run cannot observe.

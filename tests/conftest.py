@@ -21,6 +21,11 @@ from collections.abc import Iterator
 
 import pytest
 
+# pytester's in-process runs (tests/conformance/test_pytest_mode.py and others) remove afterwards the modules a run
+# imported; torch's FSDP2 (which the pytest plugin's option check imports with the fsdp2 component) registers a
+# torch library that cannot be registered twice in one process. Imported here, before any such run, it stays.
+import torch.distributed.fsdp  # noqa: F401
+
 from tests import targets
 
 pytest_plugins = ["pytester"]

@@ -116,7 +116,7 @@ def _options(
             fsdp2=args.fsdp2,
             fsdp2_sync_ctx=args.fsdp2_sync_ctx,
         )
-        validate_implementation(impl)
+        validate_implementation(impl, components)
     except OptionError as exc:
         raise UsageError(exc.worded(option_name)) from None
     return impl, components, sizes, max_examples, timeout, notes

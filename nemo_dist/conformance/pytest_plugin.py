@@ -88,7 +88,7 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             fsdp2=config.getoption("--conformance-fsdp2"),
             fsdp2_sync_ctx=config.getoption("--conformance-fsdp2-sync-ctx"),
         )
-        validate_implementation(impl)
+        validate_implementation(impl, checked)
     except OptionError as exc:
         raise pytest.UsageError(exc.worded(option_name)) from None
     return impl, checked

@@ -150,14 +150,17 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
-def validate_implementation(impl: Implementation) -> None:
+def validate_implementation(impl: Implementation, components: Sequence[str] = COMPONENTS) -> None:
     """Import every module and callable ``impl`` names and check the required names.
 
-    Raises ``OptionError`` naming the option, the module and the remedy.
+    The fsdp2 module serves no other component, so it is imported only when
+    ``components`` (those checked) include it: importing torch's FSDP2
+    costs about a second. Raises ``OptionError`` naming the option, the
+    module and the remedy.
     """
     for component in COMPONENTS:
         path = getattr(impl, component)
-        if path is None:
+        if path is None or (component == "fsdp2" and component not in components):
             continue
         try:
             module = import_path(path)
@@ -181,7 +184,7 @@ def validate_implementation(impl: Implementation) -> None:
                 f"{{opt:{component}}} module {path!r} has no {', '.join(missing)}; "
                 f"a {component} module must define {', '.join(REQUIRED[component])}"
             )
-    if impl.fsdp2_sync_ctx is not None:
+    if impl.fsdp2_sync_ctx is not None and "fsdp2" in components:
         try:
             resolve_callable(impl.fsdp2_sync_ctx)
         except OptionError as exc:

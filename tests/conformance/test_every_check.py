@@ -16,9 +16,9 @@ where it proves something (the rest is marked ``thorough``, run with
   what ``parallelize`` returns and where it places the model), since the
   bundled ``DDPManager.parallelize`` is one call of ``parallelize_ddp``
   (forks, whose two entry points may differ, run both: ``test_forks.py``);
-- the real-transformers checkpointing checks in one world of two ranks:
-  recompute is counted inside each rank, and a world of two is the smallest
-  with a real DDP reduction between ranks.
+- the checks marked ``once`` (the real-transformers checkpointing checks
+  among them) in one world, as the command runs them: the smallest selected
+  one they fit.
 
 The behaviour checks of a ``--ddp-fn`` wrapper (component ``wrapper``) have
 nothing to check in modules: their reference is torch's own
@@ -61,19 +61,15 @@ REFERENCE_WRAPPER = Implementation(
 REAL_MODEL_CHECKS = frozenset({"ddp.checkpointing_real_models", "ddp.checkpointing_real_models_beyond_upstream"})
 
 
-def in_gate(case: Case, sizes: tuple[int, ...]) -> bool:
+def in_gate(case: Case) -> bool:
     """Whether the gate runs this case of the reference (the others are marked thorough).
 
-    ``sizes`` are the selected world sizes: the real-model checks run in the
-    smallest of them with two ranks or more (the smallest selected one if
-    none has), so each check runs at least once whatever is selected.
+    The real-model checks, as every ``once`` check, have a case that applies
+    in one selected world only (the smallest with two ranks or more), so each
+    check runs at least once whatever is selected.
     """
     api = case.name.partition("[")[2].rstrip("]")
-    if api and api != GATE_API and case.check.name not in MANAGER_CHECKS:
-        return False
-    if case.check.name in REAL_MODEL_CHECKS:
-        return case.world_size == min((s for s in sizes if s >= 2), default=min(sizes))
-    return True
+    return not (api and api != GATE_API and case.check.name not in MANAGER_CHECKS)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -88,7 +84,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if not case.applies:
             continue
         marks = [pytest.mark.xdist_group(name=f"nemo_dist_gloo_w{case.world_size}")] if case.world_size else []
-        if not in_gate(case, sizes):
+        if not in_gate(case):
             marks.append(pytest.mark.thorough)
         params.append(pytest.param(case, id=f"{case.name}-w{case.world_size or '-'}", marks=marks))
     metafunc.parametrize("case", params)

@@ -36,7 +36,7 @@ def _cases() -> list[object]:
         if not case.applies:
             check = case.check
             bounds = f"{check.min_world}..{check.max_world or 'any'}"
-            reason = f"{case.name} does not apply to a world of {case.world_size} (sizes {bounds})"
+            reason = case.elsewhere or f"{case.name} does not apply to a world of {case.world_size} (sizes {bounds})"
             marks.append(pytest.mark.skip(reason=reason))
         params.append(pytest.param(case, marks=marks, id=f"{case.name}-w{case.world_size}"))
     return params

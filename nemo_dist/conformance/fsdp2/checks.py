@@ -43,6 +43,7 @@ __all__ = [
     "prefetch_chains_have_configured_depth",
     "reshard_after_forward_chooses_units",
     "shards_over_the_data_parallel_dims",
+    "state_dict_round_trips",
     "tied_embeddings_stay_tied",
     "trains_like_one_process",
     "world_of_one_shards_nothing",
@@ -182,6 +183,7 @@ def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implement
     """mp_policy=None computes in bfloat16 and reduces in float32; parameters, grads and Adam state stay float32."""
     expected = {
         "compute": "bfloat16",
+        "layer_input": "bfloat16",
         "output": "bfloat16",
         "params": ["float32"],
         "grads": ["float32"],
@@ -194,12 +196,15 @@ def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implement
             _assert_dtypes(found, expected, where)
 
 
-#: (policy fields, what each rank must see): compute, output, sharded parameters, gradients, Adam state, reduction.
+#: (policy fields, what each rank must see): compute, a layer's input inside its unit, output, sharded parameters,
+#: gradients, Adam state, reduction. With output_dtype float32 the embedding unit hands float32 to the first layer,
+#: whose unit casts it to bfloat16 (cast_forward_inputs, True unless said).
 _POLICIES: list[tuple[dict[str, str], dict[str, Any]]] = [
     (
         {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": "float32"},
         {
             "compute": "bfloat16",
+            "layer_input": "bfloat16",  # the embedding's float32 output, cast by the layer (cast_forward_inputs)
             "output": "float32",
             "params": ["float32"],
             "grads": ["float32"],
@@ -211,6 +216,7 @@ _POLICIES: list[tuple[dict[str, str], dict[str, Any]]] = [
         {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"},
         {
             "compute": "bfloat16",
+            "layer_input": "bfloat16",
             "output": "bfloat16",
             "params": ["float32"],
             "grads": ["float32"],
@@ -222,6 +228,7 @@ _POLICIES: list[tuple[dict[str, str], dict[str, Any]]] = [
         {},
         {
             "compute": "float32",
+            "layer_input": "float32",
             "output": "float32",
             "params": ["float32"],
             "grads": ["float32"],
@@ -238,6 +245,31 @@ def mp_policy_fields_apply(world: WorldLike, impl: Implementation) -> None:
     for policy, expected in _POLICIES:
         for rank, found in enumerate(world.run(ranks.precision, impl, 1, _SEED, policy)):
             _assert_dtypes(found, expected, f"mp_policy=MixedPrecisionPolicy({policy}), rank {rank}")
+
+
+@check("fsdp2.state_dict_round_trips", tier="core", component="fsdp2", preload=_PRELOAD, min_world=2)
+def state_dict_round_trips(world: WorldLike, impl: Implementation) -> None:
+    """The full state dict has the unsharded model's keys and values; a sharded one loads into another sharded model."""
+    for replicas in richest(world.size):
+        layout = _layout_name(replicas, world.size)
+        for rank, found in enumerate(world.run(ranks.state_dicts, impl, replicas, _SEED)):
+            where = f"{layout}, rank {rank}"
+            assert found["keys"] == found["expected_keys"], (
+                f"{where}: the full state dict's keys {found['keys']} differ from the unsharded model's "
+                f"{found['expected_keys']}"
+            )
+            assert_close_lists(
+                [found["whole"][name] for name in found["first"]],
+                list(found["first"].values()),
+                f"{where}: full state dict vs the trained parameters",
+                TOLERANCE_TIGHT,
+            )
+            assert_close_lists(
+                list(found["second"].values()),
+                list(found["first"].values()),
+                f"{where}: a second sharded model after loading the first's sharded state dict",
+                TOLERANCE_TIGHT,
+            )
 
 
 def _reshard_expected(flag: bool | None) -> dict[str, bool]:

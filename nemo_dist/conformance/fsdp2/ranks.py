@@ -55,6 +55,7 @@ __all__ = [
     "prefetch",
     "resharding",
     "sharding",
+    "state_dicts",
     "training",
     "warm_up",
 ]
@@ -179,8 +180,10 @@ def _local(batch: torch.Tensor) -> torch.Tensor:
 
 
 def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens.to(_device()))
-    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets.to(_device()))
+    """Mean cross-entropy of ``model`` on the rows, computed where the model lives (the one-process copy: the CPU)."""
+    device = next(model.parameters()).device
+    logits = model(tokens.to(device))
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets.to(device))
 
 
 def _local_part(param: Any) -> torch.Tensor:
@@ -285,7 +288,7 @@ def training(
             _loss(model, _local(tokens[step]), _local(targets[step])).backward()
             sharded_opt.step()
             sharded_opt.zero_grad()
-            _loss(reference, tokens[step], targets[step]).to("cpu").backward()
+            _loss(reference, tokens[step], targets[step]).backward()
             reference_opt.step()
             reference_opt.zero_grad()
         return {
@@ -327,8 +330,10 @@ def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[st
     with _own_fsdp_internals():
         model: nn.Module = tiny_lm(seed, torch.float32).to(_device())
         seen: dict[str, str] = {}
-        first = blocks(model)["layers.0"].mlp  # type: ignore[arg-type]  # a TinyLM, not yet sharded
-        first.register_forward_hook(lambda module, args, out: seen.update(weight=str(module.up.weight.dtype)))
+        first = blocks(model)["layers.0"]  # type: ignore[arg-type]  # a TinyLM, not yet sharded
+        first.mlp.register_forward_hook(lambda module, args, out: seen.update(weight=str(module.up.weight.dtype)))
+        # Inside the unit: what its forward receives after FSDP's pre-forward casts (cast_forward_inputs).
+        first.attn.register_forward_pre_hook(lambda module, args: seen.update(layer_input=str(args[0].dtype)))
         model = parallelize(impl, model, mesh(replicas), {"mp_policy": mp_policy})
         tokens, targets = _tokens(seed, 1)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -340,6 +345,7 @@ def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[st
         return {
             "compute": seen.get("weight", "?").removeprefix("torch."),
             "output": str(logits.dtype).removeprefix("torch."),
+            "layer_input": seen.get("layer_input", "?").removeprefix("torch."),
             "params": sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}),
             "grads": sorted(
                 {str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None}
@@ -395,6 +401,41 @@ def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> 
         found["expected"] = [p.grad for p in reference.parameters()]
         found["params"] = len(found["expected"])
     return found
+
+
+def state_dicts(impl: Implementation, replicas: int, seed: int) -> dict[str, Any]:
+    """A trained model's full and sharded state dicts, and the sharded one loaded into another sharded model.
+
+    Model A (seed ``seed``) trains one SGD step; torch's
+    ``get_model_state_dict`` gives its full state dict (every value whole)
+    and its sharded one (DTensors), which ``set_model_state_dict`` loads into
+    model B (seed ``seed + 1``, sharded the same way). Returned: the full
+    state dict's keys and values, the unsharded model's keys, A's and B's
+    full parameters after the load.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    with _own_fsdp_internals():
+        unsharded = tiny_lm(seed, torch.float64)
+        first = parallelize(impl, copy.deepcopy(unsharded).to(_device()), mesh(replicas), {"mp_policy": {}})
+        tokens, targets = _tokens(seed, 1)
+        _loss(first, _local(tokens[0]), _local(targets[0])).backward()
+        torch.optim.SGD(first.parameters(), lr=0.1).step()
+        whole = get_model_state_dict(first, options=StateDictOptions(full_state_dict=True))  # on every rank
+        sharded = get_model_state_dict(first)
+        second = parallelize(impl, tiny_lm(seed + 1, torch.float64).to(_device()), mesh(replicas), {"mp_policy": {}})
+        set_model_state_dict(second, sharded)
+        return {
+            "keys": sorted(whole),
+            "expected_keys": sorted(unsharded.state_dict()),
+            "whole": {key: cpu_copy(value) for key, value in whole.items() if isinstance(value, torch.Tensor)},
+            "first": {name: cpu_copy(p) for name, p in first.named_parameters()},
+            "second": {name: cpu_copy(p) for name, p in second.named_parameters()},
+        }
 
 
 def _state(unit: nn.Module) -> Any:
