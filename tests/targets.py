@@ -26,6 +26,8 @@ UPSTREAM_MODULES = (
     "nemo_automodel.components.loss.dist_utils",
     "nemo_automodel.components.distributed.ddp",
     "nemo_automodel.components.distributed.config",
+    "nemo_automodel.components.distributed.fsdp2",
+    "nemo_automodel.components.distributed.utils",
 )
 
 _required = False

@@ -204,7 +204,8 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
         for name, variant in variants:
             for size in sizes:
                 applies = size == 0 or (c.applies_to(size) and only in (None, size))
-                found.append(Case(name, c, variant, size, applies, elsewhere="" if applies else elsewhere))
+                ran_elsewhere = not applies and size != 0 and c.applies_to(size)
+                found.append(Case(name, c, variant, size, applies, elsewhere=elsewhere if ran_elsewhere else ""))
     return found
 
 

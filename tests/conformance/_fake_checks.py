@@ -24,6 +24,7 @@ __all__ = [
     "HANGING",
     "NOT_SUPPORTED",
     "NOT_SUPPORTED_ON_RANKS",
+    "ONCE",
     "PASSING",
     "RECORDS_DRAWS",
     "SIZE_TWO_ONLY",
@@ -167,6 +168,7 @@ CRASHING = Check("fake.crashes", "core", "gather", _crashing)
 HANGING = Check("fake.hangs", "core", "gather", _hanging, min_world=2)
 ENVIRONMENT_SKIP = Check("fake.environment_skip", "core", "gather", _environment_skip)
 SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)
+ONCE = Check("fake.once", "core", "config", _passing, min_world=2, once=True)
 WARNING = Check("fake.warns", "core", "gather", _warning)
 WORLDLESS = Check("fake.no_world", "core", "config", _no_world, needs_world=False)
 RECORDS_DRAWS = Check("fake.records_draws", "core", "config", _records_draws, needs_world=False)

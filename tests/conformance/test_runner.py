@@ -173,6 +173,22 @@ def test_world_less_checks_run_once_and_ddp_checks_once_per_entry_point(world_fa
     ]
 
 
+def test_a_once_check_runs_in_the_smallest_world_it_fits_and_says_so_in_the_others(
+    world_factory: WorldFactory,
+) -> None:
+    """A ``once`` check of sizes 2 and up, in a run of 1, 2 and 3: it runs at 2 only; 3 names the world it ran in."""
+    report = run_checks([fake.ONCE], REFERENCE, (1, 2, 3), worlds=world_factory)
+    assert [(v.world_size, v.outcome) for v in report.verdicts] == [
+        (1, "not applicable"),
+        (2, "pass"),
+        (3, "not applicable"),
+    ]
+    assert report.verdicts[0].message == "runs in worlds of 2 or more ranks"
+    assert report.verdicts[2].message.startswith("checked once per run, in the world of 2 ranks")
+    (alone,) = run_checks([fake.ONCE], REFERENCE, (3,), worlds=world_factory).verdicts
+    assert (alone.world_size, alone.outcome) == (3, "pass")  # the smallest selected world it fits
+
+
 def test_warnings_inside_a_check_are_recorded_once_and_never_fail_it(world_factory: WorldFactory) -> None:
     """Warnings raised by the parent or re-emitted from the ranks are in the verdict once each; the check passes."""
     (verdict,) = run_checks([fake.WARNING], REFERENCE, (2,), worlds=world_factory).verdicts

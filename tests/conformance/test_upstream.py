@@ -9,15 +9,23 @@ installed, is judged in ``test_forks.py``.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from nemo_dist.conformance import CHECKS, load_checks
 from tests import targets
 from tests.conformance._cli import run_command
+
+load_checks()
+#: Every core FSDP2 check: each runs with no process group or in a world of 1 or 2 ranks, so each must pass there.
+FSDP2_CHECKS = {name for name, check in CHECKS.items() if check.component == "fsdp2" and check.tier == "core"}
 
 
 @pytest.mark.upstream
 def test_released_upstream_conforms_on_the_core_tier() -> None:
-    """`nemo-dist-conformance --preset nemo_automodel --tier core` (world sizes 1, 2) exits 0 with no failure.
+    """`nemo-dist-conformance --preset nemo_automodel --tier core` (world sizes 1, 2) exits 0 with no failure,
+    every FSDP2 check passing.
 
     Skipped where upstream's modules do not import (``pip install --no-deps nemo-automodel==0.7.0``
     and transformers), failed there under ``--require-targets``.
@@ -33,3 +41,7 @@ def test_released_upstream_conforms_on_the_core_tier() -> None:
     assert " FAIL" not in result.stdout, result.stdout
     assert " HANG" not in result.stdout, result.stdout
     assert "NOT APPLICABLE" in result.stdout  # the bucket checks at world size 1, where no DDP object exists
+    # Upstream's FSDP2 path is checked too, get_sync_ctx included (the preset names upstream's utils module).
+    assert "fsdp2=nemo_automodel.components.distributed.fsdp2" in result.stdout, result.stdout
+    passed = set(re.findall(r"^(fsdp2\.\w+)\s+[\d-]\s+core\s+PASS", result.stdout, re.MULTILINE))
+    assert passed == FSDP2_CHECKS, result.stdout

@@ -25,6 +25,7 @@ __all__ = [
     "SPEC_DEFAULTS",
     "VALUE_NORMALISATIONS",
     "config_rejection",
+    "rejection",
 ]
 
 #: The SPEC's defaults of every DDPConfig field (the scope as normalised).
@@ -93,20 +94,27 @@ def config_rejection(impl: Implementation, field: str, value: Any) -> str:
 
     The error must be ``TypeError`` or ``ValueError`` and name the field.
     """
-    config_class = impl.module("config").DDPConfig
+    return rejection(impl.module("config").DDPConfig, field, value)
+
+
+def rejection(config_class: type, field: str, value: Any) -> str:
+    """Build ``config_class(**{field: value})``; its error message, or AssertionError if accepted or unnamed.
+
+    The error must be ``TypeError`` or ``ValueError`` (``NotImplementedError``
+    is neither: a bad value is no missing feature) and name the field.
+    """
+    name = config_class.__name__
     try:
         config = config_class(**{field: value})
     except (TypeError, ValueError) as error:
         raised: TypeError | ValueError = error
     else:
         raise AssertionError(
-            f"DDPConfig({field}={value!r}) was accepted (now {getattr(config, field, '?')!r}); "
+            f"{name}({field}={value!r}) was accepted (now {getattr(config, field, '?')!r}); "
             "expected TypeError or ValueError naming the field"
         )
     message = str(raised)
-    assert field in message, (
-        f"DDPConfig({field}={value!r}) raised {type(raised).__name__} not naming the field: {message}"
-    )
+    assert field in message, f"{name}({field}={value!r}) raised {type(raised).__name__} not naming the field: {message}"
     return message
 
 

@@ -14,9 +14,7 @@ float32 parameters and gradients equal to an explicit ``torch.autocast``, and
 training equal to one process on the full batch. Each field's off or default
 value is checked beside its other values.
 
-The checkpointing checks run once per run, in the smallest of its worlds
-of two or more ranks (``once``): recompute is counted inside each rank, and
-two ranks are the fewest with a real DDP reduction between them.
+The checkpointing checks run ``once``, in a run's smallest world of 2+ ranks.
 
 Core is what upstream (nemo-automodel 0.7.0) does. Upstream returns the
 model unwrapped in a world of one rank, so a check that needs the DDP object

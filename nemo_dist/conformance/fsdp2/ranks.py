@@ -1,31 +1,19 @@
 """Rank-side functions of the FSDP2 checks: shard a :class:`~.models.TinyLM` through the component, report.
 
 Every function runs on each rank of a world (``world.run``), shards a
-seeded model through the implementation's entry point (:func:`parallelize`:
-``FSDP2Manager(config, mesh).parallelize(model)``, else
-``fsdp2_strategy_parallelize``) over the mesh :func:`mesh` builds, and
-returns plain data and CPU tensors for the parent to judge. A parameter is
-read through ``full_tensor()`` (a collective: every rank reads the same
-parameters in the same order).
-
-Config fields travel as plain data: ``mp_policy`` None (the component's
-default) or a dict of ``MixedPrecisionPolicy`` fields with dtype names
-(``{"param_dtype": "bfloat16"}``; ``{}`` is mixed precision off);
-``offload_policy`` None or ``"cpu"`` (``CPUOffloadPolicy(pin_memory=False)``:
-pinning needs an accelerator).
-
-Upstream's sharding patches ``FSDPParam.to_accumulated_grad_if_needed``
-process-wide the first time it runs; worlds are persistent and serve other
-implementations after it, so every function here puts it back
-(:func:`_own_fsdp_internals`).
+seeded model through the implementation's entry point over NeMo AutoModel's
+mesh (:mod:`.calls`, inside ``own_fsdp_internals``), and returns plain data
+and CPU tensors for the parent to judge. A parameter is read through
+``full_tensor()`` (a collective: every rank reads the same parameters in
+the same order). FSDP's units and state are read here: which modules are
+units, which of them hold unsharded parameters, their prefetch chains and
+offload policy (torch's private ``_get_fsdp_state()``, NOT SUPPORTED where
+a torch release lacks it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import warnings
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
@@ -35,22 +23,22 @@ from torch import nn
 
 from nemo_dist.conformance.ddp.sharded import cpu_copy, full
 from nemo_dist.conformance.errors import NotSupported
+from nemo_dist.conformance.fsdp2.calls import device, mesh, own_fsdp_internals, parallelize, sync_ctx
 from nemo_dist.conformance.fsdp2.models import blocks, tiny_lm
 from nemo_dist.conformance.implementation import Implementation
-from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.wrapper.ranks import reductions
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
+#: Token rows per rank and step.
+PER_RANK = 2
+
 __all__ = [
-    "MESH_DIM_NAMES",
     "PER_RANK",
     "accumulation",
     "checkpointing",
-    "mesh",
     "offload",
-    "parallelize",
     "precision",
     "prefetch",
     "resharding",
@@ -59,112 +47,6 @@ __all__ = [
     "training",
     "warm_up",
 ]
-
-#: The dims of NeMo AutoModel's FSDP2 mesh, outermost first, and its flattened dims.
-MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-_FLATTENED = {
-    "dp": ("dp_replicate", "dp_shard"),
-    "dp_shard_cp": ("dp_shard", "cp"),
-    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
-}
-#: Token rows per rank and step.
-PER_RANK = 2
-_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_MESHES: dict[tuple[int, int], Any] = {}
-
-
-def _device() -> torch.device:
-    """This rank's device: its GPU under NCCL, else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def mesh(replicas: int) -> Any:
-    """This world's mesh as upstream builds it: ``(pp, dp_replicate, dp_shard, cp, tp)`` = ``(1, R, W/R, 1, 1)``.
-
-    With the flattened dims ``dp``, ``dp_shard_cp`` and ``dp_cp``; on "cpu"
-    under gloo. Built once per world and replica count (a collective, in the
-    same order on every rank).
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-
-    key = (id(dist.group.WORLD), replicas)
-    if key not in _MESHES:
-        shape = (1, replicas, dist.get_world_size() // replicas, 1, 1)
-        built = init_device_mesh(_device().type, shape, mesh_dim_names=MESH_DIM_NAMES)
-        for name, dims in _FLATTENED.items():
-            built[dims]._flatten(name)
-        _MESHES[key] = built
-    return _MESHES[key]
-
-
-@contextlib.contextmanager
-def _own_fsdp_internals() -> Iterator[None]:
-    """Put back what an implementation patched on torch's ``FSDPParam`` (upstream does, process-wide)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
-
-    original = FSDPParam.to_accumulated_grad_if_needed
-    try:
-        yield
-    finally:
-        FSDPParam.to_accumulated_grad_if_needed = original  # type: ignore[method-assign]
-
-
-def _policies(fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` with ``mp_policy`` and ``offload_policy`` made torch's policy objects."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
-
-    made = dict(fields)
-    if made.get("mp_policy") is not None:
-        made["mp_policy"] = MixedPrecisionPolicy(**{k: _DTYPES.get(v, v) for k, v in made["mp_policy"].items()})
-    if made.get("offload_policy") == "cpu":
-        made["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-    return made
-
-
-def parallelize(impl: Implementation, model: nn.Module, device_mesh: Any, fields: dict[str, Any]) -> nn.Module:
-    """Shard ``model`` through the fsdp2 module with ``FSDP2Config(**fields)``; return what it returns.
-
-    ``FSDP2Manager(config, device_mesh).parallelize(model)`` when the module
-    has one (upstream's deprecation warning silenced), else
-    ``fsdp2_strategy_parallelize(model, device_mesh, **keywords)`` with the
-    config's fields as keywords (the config built first, so its defaults
-    apply, not the function's).
-    """
-    module = impl.module("fsdp2")
-    config = module.FSDP2Config(**_policies(fields))
-    if hasattr(module, "FSDP2Manager"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            manager = module.FSDP2Manager(config, device_mesh)
-        result = manager.parallelize(model)
-    else:
-        keywords = {
-            name: getattr(config, name)
-            for name in (
-                "mp_policy",
-                "offload_policy",
-                "activation_checkpointing",
-                "enable_fsdp2_prefetch",
-                "fsdp2_backward_prefetch_depth",
-                "fsdp2_forward_prefetch_depth",
-                "reshard_after_forward",
-                "activation_checkpointing_scope",
-            )
-        }
-        result = module.fsdp2_strategy_parallelize(model, device_mesh, **keywords)
-    return model if result is None else result
-
-
-def _sync_ctx(impl: Implementation) -> Callable[..., Any]:
-    """The component's ``get_sync_ctx``: the fsdp2 module's, else ``--fsdp2-sync-ctx``'s; ``NotSupported`` if none."""
-    found = getattr(impl.module("fsdp2"), "get_sync_ctx", None)
-    if found is None and impl.fsdp2_sync_ctx is not None:
-        found = resolve_callable(impl.fsdp2_sync_ctx)
-    if found is None:
-        raise NotSupported(f"{impl.fsdp2} defines no get_sync_ctx (name one with --fsdp2-sync-ctx MODULE:NAME)")
-    return found
 
 
 def _tokens(seed: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +58,7 @@ def _tokens(seed: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _local(batch: torch.Tensor) -> torch.Tensor:
     start = dist.get_rank() * PER_RANK
-    return batch[start : start + PER_RANK].to(_device())
+    return batch[start : start + PER_RANK].to(device())
 
 
 def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -240,9 +122,9 @@ def sharding(impl: Implementation, replicas: int, seed: int) -> dict[str, Any]:
     Also whether the entry point returned the model itself, the expected
     groups of this rank, and each parameter's unsharded value and rows.
     """
-    with _own_fsdp_internals():
+    with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64)
-        model: nn.Module = copy.deepcopy(reference).to(_device())
+        model: nn.Module = copy.deepcopy(reference).to(device())
         returned = parallelize(impl, model, mesh(replicas), {"mp_policy": {}})
         params = []
         param: Any
@@ -275,9 +157,9 @@ def training(
     (:func:`_replicas_differ`) and whether ``head.weight`` is still
     ``embed.weight``.
     """
-    with _own_fsdp_internals():
+    with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64, tied)
-        lm = copy.deepcopy(reference).to(_device())
+        lm = copy.deepcopy(reference).to(device())
         model = parallelize(impl, lm, mesh(replicas), {"mp_policy": {}, **fields})
         tokens, targets = _tokens(seed, steps)
         sharded_opt, reference_opt = (
@@ -327,8 +209,8 @@ def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[st
 
     ``mp_policy`` None is the component's default policy.
     """
-    with _own_fsdp_internals():
-        model: nn.Module = tiny_lm(seed, torch.float32).to(_device())
+    with own_fsdp_internals():
+        model: nn.Module = tiny_lm(seed, torch.float32).to(device())
         seen: dict[str, str] = {}
         first = blocks(model)["layers.0"]  # type: ignore[arg-type]  # a TinyLM, not yet sharded
         first.mlp.register_forward_hook(lambda module, args, out: seen.update(weight=str(module.up.weight.dtype)))
@@ -357,8 +239,8 @@ def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[st
 
 def resharding(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str, bool]:
     """Shard with ``fields``; per unit, whether its parameters are resharded between forward and backward."""
-    with _own_fsdp_internals():
-        model = parallelize(impl, tiny_lm(seed, torch.float64).to(_device()), mesh(1), {"mp_policy": {}, **fields})
+    with own_fsdp_internals():
+        model = parallelize(impl, tiny_lm(seed, torch.float64).to(device()), mesh(1), {"mp_policy": {}, **fields})
         tokens, targets = _tokens(seed, 1)
         loss = _loss(model, _local(tokens[0]), _local(targets[0]))
         found = _resharded(model)
@@ -375,13 +257,13 @@ def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> 
     and the final full gradients. ``"expected"``: one process's gradients of
     the same micro-batches, summed.
     """
-    get_sync_ctx = _sync_ctx(impl)
+    get_sync_ctx = sync_ctx(impl)
     tokens, targets = _tokens(seed, micro)
     found: dict[str, Any] = {}
-    with _own_fsdp_internals():
+    with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64)
         for mode, defer in (("deferred", True), ("eager", False)):
-            model = parallelize(impl, copy.deepcopy(reference).to(_device()), mesh(replicas), {"mp_policy": {}})
+            model = parallelize(impl, copy.deepcopy(reference).to(device()), mesh(replicas), {"mp_policy": {}})
             held = []
             with reductions() as reduced:
                 for index in range(micro):
@@ -419,15 +301,15 @@ def state_dicts(impl: Implementation, replicas: int, seed: int) -> dict[str, Any
         set_model_state_dict,
     )
 
-    with _own_fsdp_internals():
+    with own_fsdp_internals():
         unsharded = tiny_lm(seed, torch.float64)
-        first = parallelize(impl, copy.deepcopy(unsharded).to(_device()), mesh(replicas), {"mp_policy": {}})
+        first = parallelize(impl, copy.deepcopy(unsharded).to(device()), mesh(replicas), {"mp_policy": {}})
         tokens, targets = _tokens(seed, 1)
         _loss(first, _local(tokens[0]), _local(targets[0])).backward()
         torch.optim.SGD(first.parameters(), lr=0.1).step()
         whole = get_model_state_dict(first, options=StateDictOptions(full_state_dict=True))  # on every rank
         sharded = get_model_state_dict(first)
-        second = parallelize(impl, tiny_lm(seed + 1, torch.float64).to(_device()), mesh(replicas), {"mp_policy": {}})
+        second = parallelize(impl, tiny_lm(seed + 1, torch.float64).to(device()), mesh(replicas), {"mp_policy": {}})
         set_model_state_dict(second, sharded)
         return {
             "keys": sorted(whole),
@@ -451,8 +333,8 @@ def prefetch(impl: Implementation, seed: int, fields: dict[str, Any]) -> list[tu
     Read from each unit's FSDP state (torch's private ``_states_to_*_prefetch``),
     however the chains were set.
     """
-    with _own_fsdp_internals():
-        model = parallelize(impl, tiny_lm(seed, torch.float64).to(_device()), mesh(1), {"mp_policy": {}, **fields})
+    with own_fsdp_internals():
+        model = parallelize(impl, tiny_lm(seed, torch.float64).to(device()), mesh(1), {"mp_policy": {}, **fields})
         units = _units(model)
         names = {id(_state(unit)): name for name, unit in units.items()}
         chains = []
@@ -469,8 +351,8 @@ def prefetch(impl: Implementation, seed: int, fields: dict[str, Any]) -> list[tu
 
 def offload(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str, Any]:
     """Shard with ``fields``; each unit's offload policy (its type's name) and where the sharded parameters live."""
-    with _own_fsdp_internals():
-        model = parallelize(impl, tiny_lm(seed, torch.float64).to(_device()), mesh(1), {"mp_policy": {}, **fields})
+    with own_fsdp_internals():
+        model = parallelize(impl, tiny_lm(seed, torch.float64).to(device()), mesh(1), {"mp_policy": {}, **fields})
         policies = {}
         for name, unit in _units(model).items():
             group = getattr(_state(unit), "_fsdp_param_group", None)
@@ -486,13 +368,13 @@ def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str)
     Beside it, the same model sharded without checkpointing (its gradients
     are the expected ones).
     """
-    with _own_fsdp_internals():
+    with own_fsdp_internals():
         found: dict[str, Any] = {}
         for run, fields in (
             ("plain", {}),
             ("checkpointed", {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}),
         ):
-            lm = tiny_lm(seed, torch.float64).to(_device())
+            lm = tiny_lm(seed, torch.float64).to(device())
             counted = blocks(lm)
             model = parallelize(impl, lm, mesh(1), {"mp_policy": {}, **fields})
             tokens, targets = _tokens(seed, 1)
@@ -510,9 +392,9 @@ def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str)
 
 def warm_up() -> None:
     """Shard a tiny model and step it once on this rank: torch's first FSDP2 imports paid when a world starts."""
-    model = tiny_lm(0, torch.float32).to(_device())
+    model = tiny_lm(0, torch.float32).to(device())
     from torch.distributed.fsdp import fully_shard
 
     fully_shard(model, mesh=mesh(1)["dp_shard"])
-    model(torch.zeros(1, dtype=torch.long, device=_device())).sum().backward()
+    model(torch.zeros(1, dtype=torch.long, device=device())).sum().backward()
     full(next(model.parameters()))
