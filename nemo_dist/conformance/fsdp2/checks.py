@@ -6,8 +6,9 @@ through the component's entry point over NeMo AutoModel's mesh, on every rank
 is ``(1, W)`` replicas x shards; HSDP is ``(2, W/2)``, in worlds of 4 or
 more ranks of even size: the sharding check checks both there, the training
 checks HSDP (:func:`richest`). Checks of a field's mechanics that do not
-depend on the world's size (prefetch chains, resharding, policies,
-checkpointing) run once per run, in its smallest world of two or more ranks. Mixed precision is off (an explicit
+depend on the world's size (the policies' dtypes, deferred sync, prefetch
+chains, resharding, offload, checkpointing) run once per run, in its
+smallest world of two or more ranks (in the richest layout there). Mixed precision is off (an explicit
 ``MixedPrecisionPolicy()``) wherever the check is not about it, so float64
 training compares with one process on the full batch within reduction order.
 
@@ -177,7 +178,12 @@ def _assert_dtypes(found: dict[str, Any], expected: dict[str, Any], where: str) 
 
 
 @check(
-    "fsdp2.default_mp_policy_bf16_compute_fp32_reduce", tier="core", component="fsdp2", preload=_PRELOAD, min_world=2
+    "fsdp2.default_mp_policy_bf16_compute_fp32_reduce",
+    tier="core",
+    component="fsdp2",
+    preload=_PRELOAD,
+    min_world=2,
+    once=True,
 )
 def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implementation) -> None:
     """mp_policy=None computes in bfloat16 and reduces in float32; parameters, grads and Adam state stay float32."""
@@ -303,7 +309,12 @@ def reshard_after_forward_chooses_units(world: WorldLike, impl: Implementation) 
 
 
 @check(
-    "fsdp2.deferred_sync_reduces_on_the_last_micro_batch", tier="core", component="fsdp2", preload=_PRELOAD, min_world=2
+    "fsdp2.deferred_sync_reduces_on_the_last_micro_batch",
+    tier="core",
+    component="fsdp2",
+    preload=_PRELOAD,
+    min_world=2,
+    once=True,
 )
 def deferred_sync_reduces_on_the_last_micro_batch(world: WorldLike, impl: Implementation) -> None:
     """get_sync_ctx over 2 micro-batches: deferred, only the last reduces (half the reductions); the same grads."""
@@ -403,6 +414,7 @@ _CHECKPOINTING: list[tuple[bool | str, str, bool]] = [
     (True, "all", True),
     (True, "language", True),
     (True, "vision", False),
+    ("selective", "language", True),
 ]
 
 
