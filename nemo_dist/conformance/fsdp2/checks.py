@@ -55,6 +55,13 @@ _SEED = 7
 _PRELOAD = ("torch.distributed.fsdp",)
 
 
+def _fsdp2_check(name: str, *, min_world: int = 2, max_world: int | None = None, once: bool = False) -> Any:
+    """Register a core check of the fsdp2 suite (in worlds of 2 or more unless said), torch's FSDP2 preloaded."""
+    return check(
+        name, tier="core", component="fsdp2", preload=_PRELOAD, min_world=min_world, max_world=max_world, once=once
+    )
+
+
 def layouts(size: int) -> list[int]:
     """Replica counts checked in a world of ``size``: FSDP (1), and HSDP (2) where 2 x 2 or more fits evenly."""
     return [1, 2] if size >= 4 and size % 2 == 0 else [1]
@@ -81,7 +88,7 @@ def _chunk_rows(rows: int, shards: int, index: int) -> int:
     return max(0, min(size, rows - index * size))
 
 
-@check("fsdp2.shards_over_the_data_parallel_dims", tier="core", component="fsdp2", preload=_PRELOAD, min_world=2)
+@_fsdp2_check("fsdp2.shards_over_the_data_parallel_dims")
 def shards_over_the_data_parallel_dims(world: WorldLike, impl: Implementation) -> None:
     """Every parameter a DTensor: Shard(0) over the shard group (HSDP: Replicate over replicas), its chunk, whole."""
     for replicas in layouts(world.size):
@@ -110,7 +117,7 @@ def shards_over_the_data_parallel_dims(world: WorldLike, impl: Implementation) -
                 assert param["full_equal"], f"{where}: its full tensor differs from the unsharded model's"
 
 
-@check("fsdp2.world_of_one_shards_nothing", tier="core", component="fsdp2", preload=_PRELOAD, max_world=1)
+@_fsdp2_check("fsdp2.world_of_one_shards_nothing", min_world=1, max_world=1)
 def world_of_one_shards_nothing(world: WorldLike, impl: Implementation) -> None:
     """In a world of one rank the model comes back itself, unsharded, and the default policy casts nothing."""
     (found,) = world.run(ranks.sharding, impl, 1, _SEED)
@@ -152,13 +159,13 @@ def _assert_trained(
                 )
 
 
-@check("fsdp2.trains_like_one_process", tier="core", component="fsdp2", preload=_PRELOAD)
+@_fsdp2_check("fsdp2.trains_like_one_process", min_world=1)
 def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     """SGD and Adam steps equal one process on the whole batch (the mean over every rank); HSDP replicas identical."""
     _assert_trained(world, impl, "mixed precision off", {}, tied=False)
 
 
-@check("fsdp2.tied_embeddings_stay_tied", tier="core", component="fsdp2", preload=_PRELOAD)
+@_fsdp2_check("fsdp2.tied_embeddings_stay_tied", min_world=1)
 def tied_embeddings_stay_tied(world: WorldLike, impl: Implementation) -> None:
     """A head tied to the input embedding stays one parameter and trains like one process, shards uneven or not."""
     _assert_trained(world, impl, "tied embeddings", {}, tied=True, optimizers=("sgd",))
@@ -177,14 +184,7 @@ def _assert_dtypes(found: dict[str, Any], expected: dict[str, Any], where: str) 
     )
 
 
-@check(
-    "fsdp2.default_mp_policy_bf16_compute_fp32_reduce",
-    tier="core",
-    component="fsdp2",
-    preload=_PRELOAD,
-    min_world=2,
-    once=True,
-)
+@_fsdp2_check("fsdp2.default_mp_policy_bf16_compute_fp32_reduce", once=True)
 def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implementation) -> None:
     """mp_policy=None computes in bfloat16 and reduces in float32; parameters, grads and Adam state stay float32."""
     expected = {
@@ -245,7 +245,7 @@ _POLICIES: list[tuple[dict[str, str], dict[str, Any]]] = [
 ]
 
 
-@check("fsdp2.mp_policy_fields_apply", tier="core", component="fsdp2", preload=_PRELOAD, min_world=2, once=True)
+@_fsdp2_check("fsdp2.mp_policy_fields_apply", once=True)
 def mp_policy_fields_apply(world: WorldLike, impl: Implementation) -> None:
     """An explicit MixedPrecisionPolicy's param, reduce and output dtypes apply; sharded state keeps its own dtype."""
     for policy, expected in _POLICIES:
@@ -253,7 +253,7 @@ def mp_policy_fields_apply(world: WorldLike, impl: Implementation) -> None:
             _assert_dtypes(found, expected, f"mp_policy=MixedPrecisionPolicy({policy}), rank {rank}")
 
 
-@check("fsdp2.state_dict_round_trips", tier="core", component="fsdp2", preload=_PRELOAD, min_world=2)
+@_fsdp2_check("fsdp2.state_dict_round_trips")
 def state_dict_round_trips(world: WorldLike, impl: Implementation) -> None:
     """The full state dict has the unsharded model's keys and values; a sharded one loads into another sharded model."""
     for replicas in richest(world.size):
@@ -284,14 +284,7 @@ def _reshard_expected(flag: bool | None) -> dict[str, bool]:
     return {"": False, "embed": True if flag is None else flag, **layers, "head": False}
 
 
-@check(
-    "fsdp2.reshard_after_forward_chooses_units",
-    tier="core",
-    component="fsdp2",
-    preload=_PRELOAD,
-    min_world=2,
-    once=True,
-)
+@_fsdp2_check("fsdp2.reshard_after_forward_chooses_units", once=True)
 def reshard_after_forward_chooses_units(world: WorldLike, impl: Implementation) -> None:
     """Between forward and backward: None reshards every layer but the last; True all; False none; root never."""
     for flag in (None, True, False):
@@ -308,14 +301,7 @@ def reshard_after_forward_chooses_units(world: WorldLike, impl: Implementation) 
             )
 
 
-@check(
-    "fsdp2.deferred_sync_reduces_on_the_last_micro_batch",
-    tier="core",
-    component="fsdp2",
-    preload=_PRELOAD,
-    min_world=2,
-    once=True,
-)
+@_fsdp2_check("fsdp2.deferred_sync_reduces_on_the_last_micro_batch", once=True)
 def deferred_sync_reduces_on_the_last_micro_batch(world: WorldLike, impl: Implementation) -> None:
     """get_sync_ctx over 2 micro-batches: deferred, only the last reduces (half the reductions); the same grads."""
     micro = 2
@@ -371,14 +357,7 @@ _PREFETCH: list[tuple[dict[str, Any], list[tuple[str, str, list[str]]]]] = [
 ]
 
 
-@check(
-    "fsdp2.prefetch_chains_have_configured_depth",
-    tier="core",
-    component="fsdp2",
-    preload=_PRELOAD,
-    min_world=2,
-    once=True,
-)
+@_fsdp2_check("fsdp2.prefetch_chains_have_configured_depth", once=True)
 def prefetch_chains_have_configured_depth(world: WorldLike, impl: Implementation) -> None:
     """Prefetch off by default; on, each layer prefetches the next N (forward) and previous M (backward) layers."""
     for fields, expected in _PREFETCH:
@@ -388,9 +367,7 @@ def prefetch_chains_have_configured_depth(world: WorldLike, impl: Implementation
             )
 
 
-@check(
-    "fsdp2.cpu_offload_trains_and_offloads", tier="core", component="fsdp2", preload=_PRELOAD, min_world=2, once=True
-)
+@_fsdp2_check("fsdp2.cpu_offload_trains_and_offloads", once=True)
 def cpu_offload_trains_and_offloads(world: WorldLike, impl: Implementation) -> None:
     """CPUOffloadPolicy reaches every unit and keeps training equal to one process; without it, no unit offloads.
 
@@ -418,14 +395,7 @@ _CHECKPOINTING: list[tuple[bool | str, str, bool]] = [
 ]
 
 
-@check(
-    "fsdp2.activation_checkpointing_recomputes_selected_layers",
-    tier="core",
-    component="fsdp2",
-    preload=_PRELOAD,
-    min_world=2,
-    once=True,
-)
+@_fsdp2_check("fsdp2.activation_checkpointing_recomputes_selected_layers", once=True)
 def activation_checkpointing_recomputes_selected_layers(world: WorldLike, impl: Implementation) -> None:
     """Checkpointing reruns the selected groups' attention and MLP in backward, scope respected; gradients unchanged."""
     for mode, scope, selected in _CHECKPOINTING:
