@@ -20,7 +20,7 @@ from nemo_dist.conformance.arguments import DEFAULT_WORLD_SIZES, UsageError, opt
 from nemo_dist.conformance.registry import TIERS, Check, select_checks
 from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_checks
-from nemo_dist.conformance.target import Implementation, OptionError, resolve_implementation, validate_implementation
+from nemo_dist.conformance.target import Implementation, OptionError, implementation_from_options
 from nemo_dist.conformance.verdicts import Report, Verdict
 from nemo_dist.conformance.wrapping import check_mesh_world_sizes, wrapper_from_options
 from nemo_dist.testing import gpus, options
@@ -101,22 +101,7 @@ def _options(
     try:
         wrapper = wrapper_from_options(lambda field: getattr(args, field))
         check_mesh_world_sizes(wrapper, sizes, "--world-sizes")
-        impl, components = resolve_implementation(
-            gather=args.gather,
-            ddp=args.ddp,
-            config=args.config,
-            preset=args.preset,
-            gather_fn=args.gather_fn,
-            no_grad_fn=args.no_grad_fn,
-            gather_form=args.gather_form,
-            gather_kwargs=args.gather_kwarg,
-            gather_output=args.gather_output,
-            gather_init=args.gather_init,
-            ddp_wrapper=wrapper,
-            fsdp2=args.fsdp2,
-            fsdp2_sync_ctx=args.fsdp2_sync_ctx,
-        )
-        validate_implementation(impl, components)
+        impl, components = implementation_from_options(lambda field: getattr(args, field), wrapper)
     except OptionError as exc:
         raise UsageError(exc.worded(option_name)) from None
     return impl, components, sizes, max_examples, timeout, notes

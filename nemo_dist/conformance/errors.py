@@ -13,15 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from nemo_dist.conformance.options import OPTIONS
+
 __all__ = ["OPTION_FIELDS", "ChosenByCode", "MissingParameter", "NotApplicable", "NotSupported", "OptionError"]
 
-#: Option fields an :class:`OptionError` message may name (as ``{opt:FIELD}``).
-OPTION_FIELDS: tuple[str, ...] = (
-    "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg", "gather_output", "gather", "ddp", "config", "preset",
-    "ddp_fn", "ddp_method", "ddp_kwarg", "ddp_output", "ddp_reduction", "ddp_buffers", "ddp_after_backward",
-    "ddp_grad_attr", "ddp_zero_grad", "ddp_start", "ddp_mesh", "ddp_compute_dtype", "ddp_reduce_dtype", "gather_init",
-    "backend", "fsdp2", "fsdp2_sync_ctx",
-)
+#: Option fields an :class:`OptionError` message may name (as ``{opt:FIELD}``): every option of the table.
+OPTION_FIELDS: tuple[str, ...] = tuple(option.dest for option in OPTIONS)
 _OPTION_FIELD = re.compile(r"\{opt:(" + "|".join(OPTION_FIELDS) + r")\}")
 
 

@@ -61,7 +61,7 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     preset names all four; naming nothing checks the bundled modules.
     Raises ``pytest.UsageError`` saying how to fix a bad option.
     """
-    from nemo_dist.conformance.target import OptionError, resolve_implementation, validate_implementation
+    from nemo_dist.conformance.target import OptionError, implementation_from_options
     from nemo_dist.conformance.wrapping import check_mesh_world_sizes, wrapper_from_options
     from nemo_dist.testing import options as values
 
@@ -73,22 +73,7 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             sizes = ()
         if sizes:
             check_mesh_world_sizes(wrapper, sizes, "--dist-world-sizes")
-        impl, checked = resolve_implementation(
-            gather=config.getoption("--conformance-gather"),
-            ddp=config.getoption("--conformance-ddp"),
-            config=config.getoption("--conformance-config"),
-            preset=config.getoption("--conformance-preset"),
-            gather_fn=config.getoption("--conformance-gather-fn"),
-            no_grad_fn=config.getoption("--conformance-no-grad-fn"),
-            gather_form=config.getoption("--conformance-gather-form"),
-            gather_kwargs=config.getoption("--conformance-gather-kwarg"),
-            gather_output=config.getoption("--conformance-gather-output"),
-            gather_init=config.getoption("--conformance-gather-init"),
-            ddp_wrapper=wrapper,
-            fsdp2=config.getoption("--conformance-fsdp2"),
-            fsdp2_sync_ctx=config.getoption("--conformance-fsdp2-sync-ctx"),
-        )
-        validate_implementation(impl, checked)
+        impl, checked = implementation_from_options(lambda field: config.getoption(option_name(field)), wrapper)
     except OptionError as exc:
         raise pytest.UsageError(exc.worded(option_name)) from None
     return impl, checked

@@ -20,7 +20,7 @@ the modules above it, the names that live below it: ``Implementation``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nemo_dist.conformance.callables import check_call, parse_gather_init, parse_gather_kwargs, parse_gather_output
@@ -34,6 +34,7 @@ __all__ = [
     "DDP_APIS",
     "GATHER_FORMS",
     "GROUP_PARAMETERS",
+    "IMPLEMENTATION_OPTION_FIELDS",
     "PRESETS",
     "REFERENCE",
     "WRAPPER",
@@ -43,6 +44,7 @@ __all__ = [
     "NotSupported",
     "OptionError",
     "checked_components",
+    "implementation_from_options",
     "import_components",
     "resolve_callable",
     "resolve_implementation",
@@ -140,6 +142,31 @@ def resolve_implementation(
         return REFERENCE, COMPONENTS
     paths = {c: named.get(c, getattr(REFERENCE, c)) for c in COMPONENTS}
     return Implementation(**paths, **extra), (*(c for c in COMPONENTS if c in named), *wrapped)
+
+
+#: The options naming what is checked, as :func:`implementation_from_options` reads them (their table fields).
+IMPLEMENTATION_OPTION_FIELDS: tuple[str, ...] = (
+    "gather", "ddp", "config", "fsdp2", "preset", "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg",
+    "gather_output", "gather_init", "fsdp2_sync_ctx",
+)
+#: Option fields whose :func:`resolve_implementation` keyword has another name (the repeatable ones, plural).
+_KEYWORDS = {"gather_kwarg": "gather_kwargs"}
+
+
+def implementation_from_options(
+    value: Callable[[str], Any], ddp_wrapper: DDPWrapper | None
+) -> tuple[Implementation, tuple[str, ...]]:
+    """:func:`resolve_implementation` of a front end's options, then :func:`validate_implementation` of what it gives.
+
+    ``value(field)`` reads each of :data:`IMPLEMENTATION_OPTION_FIELDS` (None, or
+    an empty list for a repeatable option, when not given); ``ddp_wrapper``
+    is the ``--ddp-fn`` wrapper they name (``wrapping.wrapper_from_options``).
+    Raises ``OptionError``, which each front end words in its own spelling.
+    """
+    given = {_KEYWORDS.get(field, field): value(field) for field in IMPLEMENTATION_OPTION_FIELDS}
+    impl, components = resolve_implementation(**given, ddp_wrapper=ddp_wrapper)
+    validate_implementation(impl, components)
+    return impl, components
 
 
 #: Names a module of each component must define (the ddp module: at least one).

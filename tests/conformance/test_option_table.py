@@ -168,6 +168,19 @@ def test_every_wrapper_option_field_is_an_option_of_both_front_ends() -> None:
     assert set(WRAPPER_OPTION_FIELDS) <= both
 
 
+def test_every_option_naming_what_is_checked_is_read_by_both_front_ends_through_one_function() -> None:
+    """The options of the README's "what it names" table are exactly those ``implementation_from_options`` and
+    ``wrapper_from_options`` read (so a new one reaches both front ends by the table and that one tuple), each
+    declared in both front ends."""
+    from nemo_dist.conformance.target import IMPLEMENTATION_OPTION_FIELDS
+    from nemo_dist.conformance.wrapping import WRAPPER_OPTION_FIELDS
+
+    naming = {o.dest for o in options.OPTIONS if any(doc.table == "names" for doc in o.docs)}
+    both = {o.dest for o in options.OPTIONS if set(o.front_ends) == {COMMAND, PYTEST}}
+    assert set(IMPLEMENTATION_OPTION_FIELDS) <= naming <= set(IMPLEMENTATION_OPTION_FIELDS) | set(WRAPPER_OPTION_FIELDS)
+    assert set(IMPLEMENTATION_OPTION_FIELDS) <= both
+
+
 def test_the_command_reproduce_line_repeats_the_marked_options_in_table_order() -> None:
     """Every repeated option set off its default comes back, long form, quoted, in order; the others never do."""
     argv: list[str] = []
