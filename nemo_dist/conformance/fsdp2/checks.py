@@ -8,9 +8,11 @@ more ranks of even size: the sharding check checks both there, the training
 checks HSDP (:func:`richest`). Checks of a field's mechanics that do not
 depend on the world's size (the policies' dtypes, deferred sync, prefetch
 chains, resharding, offload, checkpointing) run once per run, in its
-smallest world of two or more ranks (in the richest layout there). Mixed precision is off (an explicit
-``MixedPrecisionPolicy()``) wherever the check is not about it, so float64
-training compares with one process on the full batch within reduction order.
+smallest world of two or more ranks (in the richest layout there). Mixed
+precision is off (an explicit ``MixedPrecisionPolicy()``) wherever the check
+is not about it, so float64 training compares with one process on the full
+batch within reduction order. ``FSDP2Config`` itself (defaults, validation)
+is checked by :mod:`.config_checks`.
 
 Core is what upstream (nemo-automodel 0.7.0) does, its quirks included:
 
