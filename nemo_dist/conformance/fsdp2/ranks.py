@@ -63,9 +63,9 @@ def _local(batch: torch.Tensor) -> torch.Tensor:
 
 def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``model`` on the rows, computed where the model lives (the one-process copy: the CPU)."""
-    device = next(model.parameters()).device
-    logits = model(tokens.to(device))
-    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets.to(device))
+    where = next(model.parameters()).device
+    logits = model(tokens.to(where))
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets.to(where))
 
 
 def _local_part(param: Any) -> torch.Tensor:
@@ -119,8 +119,9 @@ def _named_groups(replicas: int) -> dict[str, list[int]]:
 def sharding(impl: Implementation, replicas: int, seed: int) -> dict[str, Any]:
     """Shard with mixed precision off; each parameter's placements, mesh dims' ranks, local rows, full tensor.
 
-    Also whether the entry point returned the model itself, the expected
-    groups of this rank, and each parameter's unsharded value and rows.
+    Also whether the entry point returned the model itself, this rank's
+    expected groups (:func:`_named_groups`), each parameter's row count and
+    whether its full tensor equals the unsharded model's.
     """
     with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64)
@@ -176,7 +177,6 @@ def training(
         return {
             "params": [cpu_copy(p) for p in model.parameters()],
             "expected": [p.detach().clone() for p in reference.parameters()],
-            "names": [n for n, _ in model.named_parameters()],
             "replicas_differ": _replicas_differ(model),
             "tied": lm.head.weight is lm.embed.weight,
         }
