@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import Phase
 
 from nemo_dist.conformance import (
@@ -399,6 +400,21 @@ def test_broken_fork_gets_a_verdict_on_every_check_of_its_component(fork: str, w
     assert report.exit_code(strict=True) == 1, table
     for name in expected:
         assert name in table, table
+
+
+@pytest.mark.parametrize("fork", _params(["broken_gather_uneven_group_global_rank"]))
+def test_the_subgroup_global_rank_cause_is_named_from_the_fixed_interleaved_example(
+    fork: str, world_factory: WorldFactory
+) -> None:
+    """The cause of the check's fixed example ({0, 2} and {1}, which runs when hypothesis found nothing) is named:
+    {1} gathers nothing, so it is right whatever rank it reads (a random seed once drew that path, causeless)."""
+    from nemo_dist.conformance.gather.diagnosis import CAUSES
+    from nemo_dist.conformance.gather.group_diagnosis import uneven_group_cause
+    from nemo_dist.conformance.gather.properties import interleaved_partition
+
+    impl, _, _ = TARGETS[fork]
+    example = {"shape": (1, 3), "dtype": torch.float32, "partition": interleaved_partition(3)}
+    assert uneven_group_cause(world_factory(3), impl, example) == CAUSES["subgroup_global_rank"]
 
 
 @pytest.mark.parametrize("fork", _params(["broken_gather_backward_segfaults"]))

@@ -76,7 +76,8 @@ def uneven_group_cause(world: WorldLike, impl: Implementation, example: dict[str
     groups: when exactly the members whose global rank is not their group
     rank fail (a gradient of another member's rows, or an IndexError) and
     the others are right, the uneven path reads the global rank where the
-    group rank belongs.
+    group rank belongs; a group of one may be right either way (it gathers
+    nothing).
     """
     found = group_cause(world, impl, example)
     if found and found != CAUSES["subgroup"]:
@@ -95,7 +96,9 @@ def uneven_group_cause(world: WorldLike, impl: Implementation, example: dict[str
         expected.update(zip(members, slices, strict=True))
     wrong = {r for r in range(world.size) if r in failures or not _close(got.get(r), expected[r])}
     moved = {r for members in partition for position, r in enumerate(members) if r != position}
-    return CAUSES["subgroup_global_rank"] if wrong and wrong == moved else ""
+    # A group of one gathers nothing: its member may be right whatever rank it reads ({1} in {0, 2} and {1}).
+    gathering = {r for members in partition if len(members) > 1 for position, r in enumerate(members) if r != position}
+    return CAUSES["subgroup_global_rank"] if wrong and wrong in (moved, gathering) else ""
 
 
 def _partial(world: WorldLike, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> _Partial | None:
