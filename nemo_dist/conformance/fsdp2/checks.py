@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, TOLERANCE_TIGHT, assert_close_lists
+from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.fsdp2 import ranks
 from nemo_dist.conformance.fsdp2.models import LAYERS
 from nemo_dist.conformance.implementation import Implementation
@@ -173,17 +174,34 @@ def tied_embeddings_stay_tied(world: WorldLike, impl: Implementation) -> None:
     _assert_trained(world, impl, "tied embeddings", {}, tied=True, optimizers=("sgd",))
 
 
-def _assert_dtypes(found: dict[str, Any], expected: dict[str, Any], where: str) -> None:
+def _assert_dtypes(found: dict[str, Any], expected: dict[str, Any], where: str) -> bool:
+    """Assert every dtype a rank saw (``found``) is the ``expected`` one; whether the reductions' dtype was read.
+
+    The reduction's dtype comes from the profiler's record of the backend's
+    collectives; where it recorded none with a dtype (a backend whose events
+    carry no shapes), only the other dtypes are judged and False is returned.
+    """
     for key, value in expected.items():
         if key == "reduce":
             continue
         assert found[key] == value, f"{where}: {key} dtype(s) {found[key]}, expected {value}"
-    reduced = sorted({dtype for _, dtype in found["reductions"]})
-    assert found["reductions"], f"{where}: no gradient reduction observed in backward"
+    typed = [(event, dtype) for event, dtype in found["reductions"] if dtype]
+    if not typed:
+        return False
+    reduced = sorted({dtype for _, dtype in typed})
     assert reduced == [expected["reduce"]], (
-        f"{where}: gradients reduced in {', '.join(reduced)} ({found['reductions'][0][0]}), "
-        f"expected {expected['reduce']}"
+        f"{where}: gradients reduced in {', '.join(reduced)} ({typed[0][0]}), expected {expected['reduce']}"
     )
+    return True
+
+
+def _reductions_unread(read: list[bool]) -> None:
+    """Raise ``NotApplicable`` when no rank's reductions had a recorded dtype (every other dtype held)."""
+    if not any(read):
+        raise NotApplicable(
+            "the profiler recorded no dtype of the backend's gradient reductions here, so the reduce dtype was not "
+            "judged; every other dtype (compute, output, parameters, gradients, optimizer state) held"
+        )
 
 
 @_fsdp2_check("fsdp2.default_mp_policy_bf16_compute_fp32_reduce", once=True)
@@ -198,10 +216,12 @@ def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implement
         "state": ["float32"],
         "reduce": "float32",
     }
+    read = []
     for replicas in richest(world.size):
         for rank, found in enumerate(world.run(ranks.precision, impl, replicas, _SEED, None)):
             where = f"mp_policy=None, {_layout_name(replicas, world.size)}, rank {rank}"
-            _assert_dtypes(found, expected, where)
+            read.append(_assert_dtypes(found, expected, where))
+    _reductions_unread(read)
 
 
 #: (policy fields, what each rank must see): compute, a layer's input inside its unit, output, sharded parameters,
@@ -250,9 +270,11 @@ _POLICIES: list[tuple[dict[str, str], dict[str, Any]]] = [
 @_fsdp2_check("fsdp2.mp_policy_fields_apply", once=True)
 def mp_policy_fields_apply(world: WorldLike, impl: Implementation) -> None:
     """An explicit MixedPrecisionPolicy's param, reduce and output dtypes apply; sharded state keeps its own dtype."""
+    read = []
     for policy, expected in _POLICIES:
         for rank, found in enumerate(world.run(ranks.precision, impl, 1, _SEED, policy)):
-            _assert_dtypes(found, expected, f"mp_policy=MixedPrecisionPolicy({policy}), rank {rank}")
+            read.append(_assert_dtypes(found, expected, f"mp_policy=MixedPrecisionPolicy({policy}), rank {rank}"))
+    _reductions_unread(read)
 
 
 @_fsdp2_check("fsdp2.state_dict_round_trips")
@@ -320,10 +342,11 @@ def deferred_sync_reduces_on_the_last_micro_batch(world: WorldLike, impl: Implem
                 f"defer_fsdp_grad_sync=True, {where}: parameters holding a reduced gradient after each micro-batch "
                 f"{deferred['held']}; expected none before the last (the optimizer step's), all {every} after it"
             )
-            assert eager["reductions"] > 0, f"{where}: no gradient reduction observed without deferral"
-            assert deferred["reductions"] * micro == eager["reductions"], (
+            # Counted where the profiler records the backend's collectives (gloo does); the held gradients
+            # above prove the deferral either way.
+            assert not eager["reductions"] or deferred["reductions"] * micro == eager["reductions"], (
                 f"defer_fsdp_grad_sync=True, {where}: {deferred['reductions']} gradient reductions over {micro} "
-                f"micro-batches, {eager['reductions']} without deferral; expected a {micro}th of them (the last "
+                f"micro-batches, {eager['reductions']} without deferral; expected 1/{micro} of them (the last "
                 "micro-batch's only)"
             )
             for mode in ("deferred", "eager"):
