@@ -301,6 +301,42 @@ def fsdp2_strategy_parallelize(
     ``frozen_multimodal_sharding`` other than "root" raises
     ``NotImplementedError``.
     """
+    config = _strategy_config(
+        mp_policy=mp_policy,
+        offload_policy=offload_policy,
+        sequence_parallel=sequence_parallel,
+        activation_checkpointing=activation_checkpointing,
+        tp_shard_plan=tp_shard_plan,
+        dp_replicate_mesh_name=dp_replicate_mesh_name,
+        dp_shard_cp_mesh_name=dp_shard_cp_mesh_name,
+        tp_mesh_name=tp_mesh_name,
+        enable_async_tensor_parallel=enable_async_tensor_parallel,
+        enable_compile=enable_compile,
+        enable_fsdp2_prefetch=enable_fsdp2_prefetch,
+        fsdp2_backward_prefetch_depth=fsdp2_backward_prefetch_depth,
+        fsdp2_forward_prefetch_depth=fsdp2_forward_prefetch_depth,
+        reshard_after_forward=reshard_after_forward,
+        activation_checkpointing_scope=activation_checkpointing_scope,
+        frozen_multimodal_sharding=frozen_multimodal_sharding,
+    )
+    return _parallelize(model, config, device_mesh, reapply_trainability)
+
+
+def _strategy_config(
+    *,
+    tp_shard_plan: dict | str | None,
+    dp_replicate_mesh_name: str,
+    dp_shard_cp_mesh_name: str,
+    tp_mesh_name: str,
+    frozen_multimodal_sharding: str,
+    **fields: Any,
+) -> FSDP2Config:
+    """The config :func:`fsdp2_strategy_parallelize`'s keywords (all but the model, mesh and callback) stand for.
+
+    Custom mesh dim names raise ``ValueError`` and a ``frozen_multimodal_sharding``
+    other than "root" ``NotImplementedError``; ``tp_shard_plan`` is the
+    config's ``tp_plan``, the other keywords its fields of the same names.
+    """
     if (dp_replicate_mesh_name, dp_shard_cp_mesh_name, tp_mesh_name) != ("dp_replicate", "dp_shard_cp", "tp"):
         raise ValueError(
             "fsdp2_strategy_parallelize: custom mesh dim names are not supported; the mesh uses "
@@ -311,21 +347,7 @@ def fsdp2_strategy_parallelize(
             f"fsdp2_strategy_parallelize: frozen_multimodal_sharding={frozen_multimodal_sharding!r} is not "
             "supported; nemo_dist's FSDP2 component keeps frozen multimodal towers in the root unit ('root')"
         )
-    config = FSDP2Config(
-        mp_policy=mp_policy,
-        offload_policy=offload_policy,
-        sequence_parallel=sequence_parallel,
-        activation_checkpointing=activation_checkpointing,
-        tp_plan=tp_shard_plan,
-        enable_async_tensor_parallel=enable_async_tensor_parallel,
-        enable_compile=enable_compile,
-        enable_fsdp2_prefetch=enable_fsdp2_prefetch,
-        fsdp2_backward_prefetch_depth=fsdp2_backward_prefetch_depth,
-        fsdp2_forward_prefetch_depth=fsdp2_forward_prefetch_depth,
-        reshard_after_forward=reshard_after_forward,
-        activation_checkpointing_scope=activation_checkpointing_scope,
-    )
-    return _parallelize(model, config, device_mesh, reapply_trainability)
+    return FSDP2Config(tp_plan=tp_shard_plan, **fields)
 
 
 def get_sync_ctx(

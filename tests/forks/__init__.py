@@ -60,9 +60,8 @@ def fsdp2_fork(parallelize: Callable[[Any, Any, Any, Any], Any], doc: str) -> tu
     for the reference's ``_parallelize`` (the fork's deliberate bug lives
     there); ``doc`` says how it differs and becomes the manager's docstring.
     The functional entry point takes the reference's parameters (its
-    signature is reported as the reference's), rejects what the reference
-    rejects with the same errors and builds the ``FSDP2Config`` from its
-    keywords as the reference does. Returns ``(FSDP2Manager,
+    signature is reported as the reference's) and builds its ``FSDP2Config``
+    with the reference's own ``_strategy_config`` (the same errors). Returns ``(FSDP2Manager,
     fsdp2_strategy_parallelize)``.
     """
     import inspect
@@ -82,22 +81,9 @@ def fsdp2_fork(parallelize: Callable[[Any, Any, Any, Any], Any], doc: str) -> tu
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         keywords = dict(bound.arguments)
-        names = tuple(keywords.pop(f"{dim}_mesh_name") for dim in ("dp_replicate", "dp_shard_cp", "tp"))
-        if names != ("dp_replicate", "dp_shard_cp", "tp"):
-            raise ValueError(
-                "fsdp2_strategy_parallelize: custom mesh dim names are not supported; the mesh uses "
-                "dp_replicate, dp_shard_cp and tp (see nemo_dist.distributed.mesh)"
-            )
-        frozen = keywords.pop("frozen_multimodal_sharding")
-        if frozen != "root":
-            raise NotImplementedError(
-                f"fsdp2_strategy_parallelize: frozen_multimodal_sharding={frozen!r} is not "
-                "supported; nemo_dist's FSDP2 component keeps frozen multimodal towers in the root unit ('root')"
-            )
         model, device_mesh = keywords.pop("model"), keywords.pop("device_mesh")
         reapply_trainability = keywords.pop("reapply_trainability")
-        keywords["tp_plan"] = keywords.pop("tp_shard_plan")
-        return parallelize(model, reference.FSDP2Config(**keywords), device_mesh, reapply_trainability)
+        return parallelize(model, reference._strategy_config(**keywords), device_mesh, reapply_trainability)
 
     fsdp2_strategy_parallelize.__doc__ = f"The reference's functional entry point, sharding as the fork's manager. {doc}"
     fsdp2_strategy_parallelize.__signature__ = signature  # type: ignore[attr-defined]
