@@ -174,6 +174,20 @@ def tied_embeddings_stay_tied(world: WorldLike, impl: Implementation) -> None:
     _assert_trained(world, impl, "tied embeddings", {}, tied=True, optimizers=("sgd",))
 
 
+def _seen(*, compute: str, layer_input: str, output: str, reduce: str) -> dict[str, Any]:
+    """What a rank of :func:`~.ranks.precision` must see; sharded parameters, gradients and Adam state stay float32."""
+    sharded = ["float32"]
+    return {
+        "compute": compute,
+        "layer_input": layer_input,
+        "output": output,
+        "params": sharded,
+        "grads": sharded,
+        "state": sharded,
+        "reduce": reduce,
+    }
+
+
 def _assert_dtypes(found: dict[str, Any], expected: dict[str, Any], where: str) -> bool:
     """Assert every dtype a rank saw (``found``) is the ``expected`` one; whether the reductions' dtype was read.
 
@@ -207,15 +221,7 @@ def _reductions_unread(read: list[bool]) -> None:
 @_fsdp2_check("fsdp2.default_mp_policy_bf16_compute_fp32_reduce", once=True)
 def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implementation) -> None:
     """mp_policy=None computes in bfloat16 and reduces in float32; parameters, grads and Adam state stay float32."""
-    expected = {
-        "compute": "bfloat16",
-        "layer_input": "bfloat16",
-        "output": "bfloat16",
-        "params": ["float32"],
-        "grads": ["float32"],
-        "state": ["float32"],
-        "reduce": "float32",
-    }
+    expected = _seen(compute="bfloat16", layer_input="bfloat16", output="bfloat16", reduce="float32")
     read = []
     for replicas in richest(world.size):
         for rank, found in enumerate(world.run(ranks.precision, impl, replicas, _SEED, None)):
@@ -230,40 +236,13 @@ def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implement
 _POLICIES: list[tuple[dict[str, str], dict[str, Any]]] = [
     (
         {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": "float32"},
-        {
-            "compute": "bfloat16",
-            "layer_input": "bfloat16",  # the embedding's float32 output, cast by the layer (cast_forward_inputs)
-            "output": "float32",
-            "params": ["float32"],
-            "grads": ["float32"],
-            "state": ["float32"],
-            "reduce": "float32",
-        },
+        _seen(compute="bfloat16", layer_input="bfloat16", output="float32", reduce="float32"),
     ),
     (
         {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"},
-        {
-            "compute": "bfloat16",
-            "layer_input": "bfloat16",
-            "output": "bfloat16",
-            "params": ["float32"],
-            "grads": ["float32"],
-            "state": ["float32"],
-            "reduce": "bfloat16",
-        },
+        _seen(compute="bfloat16", layer_input="bfloat16", output="bfloat16", reduce="bfloat16"),
     ),
-    (
-        {},
-        {
-            "compute": "float32",
-            "layer_input": "float32",
-            "output": "float32",
-            "params": ["float32"],
-            "grads": ["float32"],
-            "state": ["float32"],
-            "reduce": "float32",
-        },
-    ),
+    ({}, _seen(compute="float32", layer_input="float32", output="float32", reduce="float32")),
 ]
 
 
