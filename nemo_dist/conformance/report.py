@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from nemo_dist.conformance.explain import Finding
-from nemo_dist.conformance.target import COMPONENTS
+from nemo_dist.conformance.target import COMPONENTS, STANDALONE
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict
 
 __all__ = ["format_progress", "format_report", "junit_xml", "reproduce_line", "write_junit_xml"]
@@ -123,10 +123,10 @@ def _header(report: Report, strict: bool) -> list[str]:
 
 
 def _shown(component: str, checked: tuple[str, ...]) -> bool:
-    """Whether the header names ``component``: checked, or serving a checked one (fsdp2 serves none, uses none)."""
+    """Whether the header names ``component``: checked, or serving a checked one (a standalone one serves none)."""
     if component in checked:
         return True
-    return component != "fsdp2" and any(c != "fsdp2" for c in checked)
+    return component not in STANDALONE and any(c not in STANDALONE for c in checked)
 
 
 def _table(report: Report, strict: bool) -> list[str]:

@@ -37,6 +37,7 @@ __all__ = [
     "IMPLEMENTATION_OPTION_FIELDS",
     "PRESETS",
     "REFERENCE",
+    "STANDALONE",
     "WRAPPER",
     "Implementation",
     "MissingParameter",
@@ -56,6 +57,8 @@ GATHER_FORMS: tuple[str, ...] = ("auto", "cat", "tuple", "stacked")
 
 #: The components an implementation can name, in the order checks and reports list them.
 COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config", "fsdp2")
+#: Components whose module serves no other component's checks: imported and named only when checked themselves.
+STANDALONE: frozenset[str] = frozenset({"fsdp2"})
 #: The component of the behaviour checks of a ``--ddp-fn`` wrapper (checked with "ddp" when one is named).
 WRAPPER = "wrapper"
 
@@ -180,14 +183,14 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 def validate_implementation(impl: Implementation, components: Sequence[str] = COMPONENTS) -> None:
     """Import every module and callable ``impl`` names and check the required names.
 
-    The fsdp2 module serves no other component, so it is imported only when
-    ``components`` (those checked) include it: importing torch's FSDP2
-    costs about a second. Raises ``OptionError`` naming the option, the
+    A :data:`STANDALONE` component's module serves no other component, so it
+    is imported only when ``components`` (those checked) include it:
+    importing torch's FSDP2 costs about a second. Raises ``OptionError`` naming the option, the
     module and the remedy.
     """
     for component in COMPONENTS:
         path = getattr(impl, component)
-        if path is None or (component == "fsdp2" and component not in components):
+        if path is None or (component in STANDALONE and component not in components):
             continue
         try:
             module = import_path(path)
