@@ -330,7 +330,7 @@ def _prepared(world: Any, checks: Sequence[Check], impl: Implementation, notes: 
     """
     try:
         with thread_warnings.ignoring():  # the checks record what the implementation warns
-            warm_up(world, import_components, impl)
+            warm_up(world, import_components, impl, sorted({c.component for c in checks}))
             for component in dict.fromkeys(c.component for c in checks):
                 suite = SUITES.get(component)
                 if suite is not None and suite.prepare is not None:

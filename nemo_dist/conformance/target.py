@@ -246,10 +246,14 @@ PRESETS = {
 }
 
 
-def import_components(impl: Implementation) -> None:
-    """Import every module ``impl`` names (run on each rank before its checks: imports cost seconds)."""
+def import_components(impl: Implementation, components: Sequence[str] = COMPONENTS) -> None:
+    """Import every module ``impl`` names (run on each rank before its checks: imports cost seconds).
+
+    A :data:`STANDALONE` component's module only where ``components`` (those
+    whose checks run) include it.
+    """
     for component in COMPONENTS:
-        if getattr(impl, component) is not None:
+        if getattr(impl, component) is not None and (component not in STANDALONE or component in components):
             impl.module(component)
 
 
