@@ -75,6 +75,12 @@ _CUDA_INDEX = "CUDA only (not observable on CPU): the GPU index of an NCCL rank 
 #: Mutants that survive for a reason, keyed by (module, operator, original line, mutated line), both lines stripped.
 EXPLAINED: dict[tuple[str, str, str, str], str] = {
     (
+        "nemo_dist/distributed/fsdp2.py",
+        "core/ReplaceComparisonOperator_Lt_NotEq",
+        "self.shard(unit, flag if flag is not None else index < len(units) - 1)",
+        "self.shard(unit, flag if flag is not None else index != len(units) - 1)",
+    ): "index runs over range(len(units)), so index < len(units) - 1 and index != len(units) - 1 agree",
+    (
         "nemo_dist/distributed/config.py",
         "core/ReplaceComparisonOperator_Gt_NotEq",
         'if "all" in names and len(set(names)) > 1:',

@@ -43,6 +43,7 @@ __all__ = [
     "cpu_offload_trains_and_offloads",
     "default_mp_policy_bf16_compute_fp32_reduce",
     "deferred_sync_reduces_on_the_last_micro_batch",
+    "functional_entry_point_keeps_upstream_defaults",
     "mp_policy_fields_apply",
     "prefetch_chains_have_configured_depth",
     "reshard_after_forward_chooses_units",
@@ -170,8 +171,15 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
 
 @_fsdp2_check("fsdp2.tied_embeddings_stay_tied", min_world=1)
 def tied_embeddings_stay_tied(world: WorldLike, impl: Implementation) -> None:
-    """A head tied to the input embedding stays one parameter and trains like one process, shards uneven or not."""
+    """A head tied to the input embedding stays one parameter and trains like one process, shards uneven or not;
+    where it shards, a tied head inside a layer list is refused (ValueError on every rank), as upstream refuses it."""
     _assert_trained(world, impl, "tied embeddings", {}, tied=True, optimizers=("sgd",))
+    if world.size > 1:
+        raised = world.run(ranks.tied_in_a_layer_list, impl, _SEED)
+        assert raised == ["ValueError"] * world.size, (
+            f"a tied head that is also an entry of the layer list (two units would own one weight): ranks raised "
+            f"{raised}, expected ValueError on every rank"
+        )
 
 
 def _seen(*, compute: str, layer_input: str, output: str, reduce: str) -> dict[str, Any]:
@@ -346,6 +354,24 @@ def _chains(forward: int, backward: int) -> list[tuple[str, str, list[str]]]:
         found += [("forward", f"layers.{index}", following)] if following else []
         found += [("backward", f"layers.{index}", preceding)] if preceding else []
     return sorted(found)
+
+
+@_fsdp2_check("fsdp2.functional_entry_point_keeps_upstream_defaults", once=True)
+def functional_entry_point_keeps_upstream_defaults(world: WorldLike, impl: Implementation) -> None:
+    """fsdp2_strategy_parallelize's own defaults are upstream's: prefetch on (depths 1 forward, 2 backward), the
+    resharding heuristic; NOT SUPPORTED where the module has no such function (upstream keeps it elsewhere)."""
+    for rank, found in enumerate(world.run(ranks.functional_layout, impl, _SEED)):
+        where = f"fsdp2_strategy_parallelize(model, mesh, mp_policy=MixedPrecisionPolicy()), rank {rank}"
+        expected_chains = _chains(1, 2)
+        assert [tuple(c) for c in found["prefetch"]] == expected_chains, (
+            f"{where}: prefetch chains {found['prefetch']}, expected {expected_chains} (its defaults: prefetch on, "
+            "forward depth 1, backward depth 2)"
+        )
+        expected = _reshard_expected(None)
+        assert found["resharded"] == expected, (
+            f"{where}: units resharded after forward {found['resharded']}, expected {expected} "
+            "(its default reshard_after_forward=None)"
+        )
 
 
 #: (config fields, the prefetch chains they give): off by default (upstream's config), each depth, none without

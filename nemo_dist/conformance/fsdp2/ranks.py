@@ -38,12 +38,14 @@ __all__ = [
     "PER_RANK",
     "accumulation",
     "checkpointing",
+    "functional_layout",
     "offload",
     "precision",
     "prefetch",
     "resharding",
     "sharding",
     "state_dicts",
+    "tied_in_a_layer_list",
     "training",
     "warm_up",
 ]
@@ -180,6 +182,42 @@ def training(
             "replicas_differ": _replicas_differ(model),
             "tied": lm.head.weight is lm.embed.weight,
         }
+
+
+def tied_in_a_layer_list(impl: Implementation, seed: int) -> str:
+    """Shard a tied model whose head is also an entry of its layer list; the exception type raised, "" if none."""
+    with own_fsdp_internals():
+        lm = tiny_lm(seed, torch.float64, tied=True).to(device())
+        lm.layers.append(lm.head)
+        try:
+            parallelize(impl, lm, mesh(1), {"mp_policy": {}})
+        except Exception as error:  # the type is the verdict's
+            return type(error).__name__
+        return ""
+
+
+def functional_layout(impl: Implementation, seed: int) -> dict[str, Any]:
+    """Shard through ``fsdp2_strategy_parallelize(model, mesh, mp_policy=MixedPrecisionPolicy())`` alone.
+
+    Its own defaults otherwise (upstream's: prefetch on, depths 1 forward and
+    2 backward, ``reshard_after_forward=None``). The prefetch chains set and
+    the units resharded after a forward; NOT SUPPORTED where the module has
+    no such function.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    entry = getattr(impl.module("fsdp2"), "fsdp2_strategy_parallelize", None)
+    if entry is None:
+        raise NotSupported(f"{impl.fsdp2} defines no fsdp2_strategy_parallelize")
+    with own_fsdp_internals():
+        model = tiny_lm(seed, torch.float64).to(device())
+        entry(model, mesh(1), mp_policy=MixedPrecisionPolicy())
+        chains = _chains(model)
+        tokens, targets = _tokens(seed, 1)
+        loss = _loss(model, _local(tokens[0]), _local(targets[0]))
+        resharded = _resharded(model)
+        loss.backward()
+        return {"prefetch": chains, "resharded": resharded}
 
 
 def _replicas_differ(model: nn.Module) -> list[str]:
@@ -328,25 +366,31 @@ def _state(unit: nn.Module) -> Any:
 
 
 def prefetch(impl: Implementation, seed: int, fields: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
-    """Shard with ``fields``; every prefetch chain set, as (direction, unit, the units it prefetches).
+    """Shard with ``fields``; every prefetch chain set (:func:`_chains`)."""
+    with own_fsdp_internals():
+        return _chains(
+            parallelize(impl, tiny_lm(seed, torch.float64).to(device()), mesh(1), {"mp_policy": {}, **fields})
+        )
+
+
+def _chains(model: nn.Module) -> list[tuple[str, str, list[str]]]:
+    """Every prefetch chain set on ``model``'s units, as (direction, unit, the units it prefetches), sorted.
 
     Read from each unit's FSDP state (torch's private ``_states_to_*_prefetch``),
     however the chains were set.
     """
-    with own_fsdp_internals():
-        model = parallelize(impl, tiny_lm(seed, torch.float64).to(device()), mesh(1), {"mp_policy": {}, **fields})
-        units = _units(model)
-        names = {id(_state(unit)): name for name, unit in units.items()}
-        chains = []
-        for name, unit in units.items():
-            state = _state(unit)
-            for way in ("forward", "backward"):
-                targets = getattr(state, f"_states_to_{way}_prefetch", None)
-                if targets is None:
-                    raise NotSupported(f"torch's FSDP state has no _states_to_{way}_prefetch here")
-                if targets:
-                    chains.append((way, name, [names.get(id(t), "?") for t in targets]))
-        return sorted(chains)
+    units = _units(model)
+    names = {id(_state(unit)): name for name, unit in units.items()}
+    chains = []
+    for name, unit in units.items():
+        state = _state(unit)
+        for way in ("forward", "backward"):
+            targets = getattr(state, f"_states_to_{way}_prefetch", None)
+            if targets is None:
+                raise NotSupported(f"torch's FSDP state has no _states_to_{way}_prefetch here")
+            if targets:
+                chains.append((way, name, [names.get(id(t), "?") for t in targets]))
+    return sorted(chains)
 
 
 def offload(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str, Any]:
