@@ -49,6 +49,7 @@ from nemo_dist.conformance import select_checks as select
 from nemo_dist.conformance.gather.checks import FIXED_IN_PLACE_EXAMPLE
 from nemo_dist.conformance.profile import changed_profile
 from nemo_dist.testing.plugin import WorldFactory
+from tests.conformance._fork_guards import GUARDS, LIKELY_CAUSES
 
 _FORK_FILES = sorted(
     p.stem for p in (Path(__file__).parents[1] / "forks").glob("*.py") if p.stem not in ("__init__",)
@@ -103,177 +104,6 @@ COVERED = {f for f in _FORK_FILES if f.startswith(("broken_", "independent_", "u
     "upstream_style_gather"
 }
 
-#: The bucket check's failure at the smallest cap (torch gives 8 buckets there), by the fork's bucket count.
-_BUCKETS = (
-    r"bucket_cap_mb=0\.004: rank \d's DDP gave {got} bucket\(s\), "
-    r"torch's DistributedDataParallel\(bucket_cap_mb=0\.004\) gives 8"
-)
-
-
-def _accepted(value: str) -> tuple[str, str]:
-    """The guard of a config fork accepting a bad value: the extended check, its message for ``value`` (a pattern)."""
-    return ("config.rejects_bad_values_naming_field", rf"DDPConfig\({value}\) was accepted")
-
-
-#: Broken fork -> (the check guarding its bug, a regular expression its failure message matches).
-GUARDS: dict[str, list[tuple[str, str]]] = {
-    "broken_gather_no_cross_rank_sum": [("gather.backward_sums_rank_slices", "gradient of x")],
-    "broken_gather_wrong_order": [("gather.forward_matches_cat", "gathered output: values differ")],
-    "broken_gather_mutates_grad": [("gather.inputs_and_grads_not_modified", "modified in place")],
-    "broken_gather_reduces_grad_in_place": [("gather.inputs_and_grads_not_modified", "modified in place")],
-    "broken_gather_uneven_hangs_or_garbage": [("gather.uneven_mismatch_raises_on_every_rank", "ValueError")],
-    "broken_gather_forward_drops_last_rank": [("gather.forward_matches_cat", "gathered output")],
-    "broken_gather_gathers_in_float32": [("gather.forward_matches_cat", "dtype")],
-    "broken_gather_reduces_float64_in_float32": [
-        ("gather.float_grads_within_tolerance", r"torch\.float64 values off by more than the reduction bound")
-    ],
-    "broken_gather_reduces_float32_in_bfloat16": [
-        ("gather.float_grads_within_tolerance", r"torch\.float32 values off by more than the reduction bound")
-    ],
-    "broken_ddp_drops_bucket_cap": [("ddp.bucket_cap_mb", _BUCKETS.format(got=1))],
-    "broken_ddp_forward_sync_buffers": [
-        ("ddp.broadcast_buffers", r"broadcast_buffers=False: rank 1's buffer after init is 0, expected 1")
-    ],
-    "broken_ddp_no_checkpointing": [
-        ("ddp.activation_checkpointing_full", r"language\.0 \(a selected trainable block\) ran attn 0x and mlp 0x"),
-        ("ddp.activation_checkpointing_selective", r"activation_checkpointing='selective'.*ran attn 0x"),
-    ],
-    "broken_config_accepts_negative_bucket": [
-        ("config.rejects_bad_values_naming_field", r"DDPConfig\(bucket_cap_mb=-1\.0\) was accepted")
-    ],
-    "broken_config_bool_strings": [("config.rejects_bad_values_naming_field", "was accepted")],
-    # Every DDPConfig field on and off, each with a fork that gets it wrong (issue 22); and the config's own checks.
-    "broken_ddp_bucket_cap_divided_by_1024": [("ddp.bucket_cap_mb", _BUCKETS.format(got=24))],
-    "broken_ddp_bucket_cap_times_1024": [("ddp.bucket_cap_mb", _BUCKETS.format(got=1))],
-    # Escapes the bucket check had (issue 29): a comm hook hid it; caps past a decade and None were not told apart.
-    "broken_ddp_hook_hides_dropped_cap": [("ddp.bucket_cap_mb", _BUCKETS.format(got=1))],
-    "broken_ddp_ignores_large_caps": [
-        ("ddp.bucket_cap_mb", r"bucket_cap_mb=\d+(\.\d+)?: rank \d's DDP has a bucket cap of 26214400 bytes")
-    ],
-    "broken_ddp_none_is_one_mib": [
-        ("ddp.bucket_cap_mb", r"bucket_cap_mb=None: rank \d's DDP has a bucket cap of 1048576 bytes, .* has 26214400")
-    ],
-    "broken_ddp_find_unused_forced_on": [
-        ("ddp.find_unused_parameters", r"find_unused_parameters=False: rank \d trained two iterations with an unused")
-    ],
-    "broken_ddp_static_graph_ignored": [
-        ("ddp.static_graph", r"the DDP object's static_graph is False on rank \d, expected True")
-    ],
-    "broken_ddp_bucket_view_forced_on": [
-        ("ddp.gradient_as_bucket_view", r"gradient_as_bucket_view=False: on rank \d, step 1, param\.grad inside a")
-    ],
-    "broken_ddp_broadcast_buffers_forced_on": [
-        ("ddp.broadcast_buffers", r"broadcast_buffers=False: rank 1's buffer after init is 0, expected 1")
-    ],
-    "broken_ddp_autocast_casts_model": [
-        ("ddp.autocast_dtype", r"a float32 model's parameters are \['torch\.bfloat16'\] after wrapping")
-    ],
-    "broken_ddp_autocast_casts_output": [
-        ("ddp.autocast_dtype", r"the forward's matmuls ran in \['torch\.float32'\], expected torch\.bfloat16")
-    ],
-    "broken_gather_x_positional_only": [
-        ("gather.takes_x_by_keyword", r"all_gather_no_grad\(x=\.\.\.\) raised TypeError: .*the documented signature")
-    ],
-    "broken_ddp_recompute_outside_autocast": [
-        ("ddp.autocast_dtype", r"CheckpointError: torch\.utils\.checkpoint: Recomputed values for the following "
-                               r"tensors have different metadata")
-    ],
-    "broken_ddp_autocast_output_float32": [
-        ("ddp.autocast_dtype", r"the wrapped forward returned torch\.float32, torch\.autocast's forward of the same "
-                               r"model returns torch\.bfloat16")
-    ],
-    "broken_ddp_selective_is_full": [
-        ("ddp.activation_checkpointing_selective", r"ran 4 of its 4 matmuls again during backward; expected strictly")
-    ],
-    "broken_ddp_selective_saves_every_op": [
-        (
-            "ddp.activation_checkpointing_selective",
-            r"language\.0 \(a selected trainable block\) ran 0 of its 3 other ops \(not matmuls, not views\) again "
-            r"during backward; expected at least one",
-        )
-    ],
-    "broken_ddp_discovery_takes_first_container": [
-        (
-            "ddp.checkpointing_follows_structural_discovery",
-            r"language_model\.adapters\.0 ran attention 1x and MLP 1x during backward; expected no recompute: its "
-            r"group's blocks are those of language_model\.layers",
-        )
-    ],
-    "broken_ddp_multimodal_without_audio": [
-        (
-            "ddp.activation_checkpointing_full",
-            r"scope 'multimodal', rank \d: audio\.0 \(a selected trainable block\) ran attn 0x and mlp 0x",
-        )
-    ],
-    "broken_ddp_checkpoints_frozen_blocks": [
-        ("ddp.activation_checkpointing_full", r"vision\.1 \(a frozen block\) ran attn 1x and mlp 1x during backward")
-    ],
-    "broken_config_accepts_nan_bucket": [_accepted(r"bucket_cap_mb=nan")],
-    "broken_config_accepts_bool_bucket": [_accepted(r"bucket_cap_mb=True")],
-    "broken_config_accepts_integer_autocast_dtype": [_accepted(r"autocast_dtype=torch\.int32")],
-    "broken_config_accepts_empty_scope": [_accepted(r"activation_checkpointing_scope=' , '")],
-    "broken_config_scope_list_drops_non_str": [
-        ("config.scope_names_validated", r"DDPConfig\(activation_checkpointing_scope=\['language', 3\]\) was accepted")
-    ],
-    "broken_config_accepts_scope_before_all": [
-        ("config.scope_names_validated", r"DDPConfig\(activation_checkpointing_scope='acoustic'\) was accepted")
-    ],
-    "broken_gather_reduces_own_slot": [("gather.backward_sums_rank_slices", "gradient of x")],
-    "broken_gather_drops_own_rows": [("gather.forward_matches_cat", "gathered output")],
-    "broken_gather_backward_segfaults": [
-        ("gather.backward_sums_rank_slices", r"^RankFailure: rank \d crashed: killed by signal SIGSEGV")
-    ],
-    "broken_gather_backward_views_grad": [
-        ("gather.backward_with_non_contiguous_gradients", "raised RuntimeError: view size is not compatible")
-    ],
-    "broken_gather_group_rank_from_first_member": [("gather.group_uses_group_ranks", "IndexError|gradient of x")],
-    "broken_gather_uneven_group_global_rank": [
-        ("gather.uneven_with_group_gathers_group_rows", "IndexError|invalid gradient|gradient of x")
-    ],
-    "broken_gather_uneven_pads_with_nan": [
-        ("gather.uneven_no_grad_gathers_integers_and_bools", "value cannot be converted to type")
-    ],
-    # The FSDP2 component (issue 30): one fork per field, upstream's own bugs among them (3135, 3679, 2768's class).
-    "broken_fsdp2_hsdp_replicas_unsynced": [
-        ("fsdp2.shards_over_the_data_parallel_dims",
-         r"HSDP 2x2, rank \d: \S+ has placements \['Shard\(dim=0\)'\], expected \['Replicate\(\)', 'Shard\(dim=0\)'\]"),
-        ("fsdp2.trains_like_one_process", r"HSDP 2x2, sgd, 3 steps, rank \d: parameters vs one process"),
-    ],
-    "broken_fsdp2_sync_never_defers": [
-        ("fsdp2.deferred_sync_reduces_on_the_last_micro_batch",
-         r"defer_fsdp_grad_sync=True, FSDP, rank \d: parameters holding a reduced gradient after each micro-batch "
-         r"\[\d+, \d+\]; expected none before the last"),
-    ],
-    "broken_fsdp2_mesh_dims_swapped": [
-        ("fsdp2.shards_over_the_data_parallel_dims",
-         r"HSDP 2x2, rank \d: \S+ is placed over ranks \[\[0, 1\], \[0, 2\]\] .*expected \[\[0, 2\], \[0, 1\]\]"),
-    ],
-    "broken_fsdp2_reduce_dtype_ignored": [
-        ("fsdp2.default_mp_policy_bf16_compute_fp32_reduce", r"reduced in bfloat16 \(gloo:.*expected float32"),
-    ],
-    "broken_fsdp2_root_resharded": [("fsdp2.reshard_after_forward_chooses_units", r"differs at \[''\]")],
-    "broken_fsdp2_offload_dropped": [
-        ("fsdp2.cpu_offload_trains_and_offloads",
-         r"offload_policy=cpu, rank \d: units' offload policies .*expected CPUOffloadPolicy on each"),
-    ],
-    "broken_fsdp2_checkpointing_scope_ignored": [
-        ("fsdp2.activation_checkpointing_recomputes_selected_layers",
-         r"scope 'vision', rank \d: layers\.0 \(language group, not selected\) ran attn [1-9]"),
-    ],
-}
-#: Broken forks whose failures name a likely cause (world of 2), and the cause's first words.
-LIKELY_CAUSES = {
-    "broken_gather_forward_drops_last_rank": "rank 1's rows missing from the output",
-    "broken_gather_wrong_order": "rank order reversed",
-    "broken_gather_no_cross_rank_sum": "no cross-rank sum",
-    "broken_gather_gathers_in_float32": "dtype changed",
-    "broken_gather_reduces_own_slot": "each rank's own slot summed across ranks (the backward all-reduces only its",
-    "broken_gather_drops_own_rows": "each rank's own rows are missing from its output",
-    "broken_gather_reduces_float64_in_float32": "reduced in float32: gradients match a float32 reduction of float64",
-    "broken_gather_reduces_float32_in_bfloat16": "reduced in bfloat16: gradients match a bfloat16 reduction of float32",
-    "broken_gather_group_rank_from_first_member": "wrong only in groups of interleaved ranks",
-    "broken_gather_uneven_group_global_rank": "wrong only inside a subgroup (global rank used where the group rank",
-}
 #: What upstream does not promise, as (check, world size) failures of the extended tier in worlds of 0 and 1.
 UPSTREAM_EXTENDED_FINDINGS = {
     ("gather.uninitialised_no_grad_never_requires_grad", 0),  # all_gather_no_grad returns x itself
@@ -287,10 +117,14 @@ UPSTREAM_EXTENDED_FINDINGS = {
     ("ddp.autocast_dtype[DDPManager]", 1),
 }
 
-#: Whisper's encoder is the audio group beyond upstream: a finding where transformers is installed, in the world
-#: of 2 (the check runs once, in its smallest world).
+#: Whisper's encoder is the audio group beyond upstream: a finding where transformers is installed, in every
+#: world the upstream-faithful fork runs.
 WHISPER_FINDINGS = (
-    {(f"ddp.checkpointing_real_models_beyond_upstream[{api}]", 2) for api in ("parallelize_ddp", "DDPManager")}
+    {
+        (f"ddp.checkpointing_real_models_beyond_upstream[{api}]", size)
+        for api in ("parallelize_ddp", "DDPManager")
+        for size in TARGETS["upstream_faithful"][2]
+    }
     if importlib.util.find_spec("transformers") is not None
     else set()
 )
@@ -482,7 +316,11 @@ def test_upstream_faithful_fork_conforms_and_reports_upstreams_extended_findings
     report, table = _report(fork, world_factory)
     assert report.exit_code() == 0, table
     assert all(v.tier == "extended" and v.message for v in report.verdicts if v.failed), table
-    small = {(v.check, v.world_size) for v in report.verdicts if v.failed and v.world_size <= 1}
+    small = {
+        (v.check, v.world_size)
+        for v in report.verdicts
+        if v.failed and v.world_size <= 1 and "real_models" not in v.check
+    }
     assert small == UPSTREAM_EXTENDED_FINDINGS, table
     real_models = {(v.check, v.world_size) for v in report.verdicts if v.failed and "real_models" in v.check}
     assert real_models == WHISPER_FINDINGS, table

@@ -9,15 +9,12 @@ that suite takes as given or leaves out: the mesh this component builds
 embeddings inside a layer list, a model without one, the world of one's
 sync contexts, and the comparison with released upstream.
 
-One call per property into the session's persistent worlds (meshes built once
-per world and reused). Every rank starts from the same seeded model, as
-``fully_shard`` requires (it broadcasts nothing); parameters are compared
-through ``full_tensor()``; training runs in float64 with mixed precision off
-(``MixedPrecisionPolicy()``) against one process stepping the whole batch.
-The comparison with released upstream in the same worlds is marked
-``thorough`` (each rank imports nemo_automodel, seconds per world). FSDP
-modules are imported where used: ``torch.distributed.fsdp`` costs about a
-second (``torch.distributed.tensor`` and sympy), which collection should not.
+One call per property into the session's persistent worlds. Every rank
+starts from the same seeded model (``fully_shard`` broadcasts nothing);
+parameters are compared through ``full_tensor()``; training runs in float64,
+mixed precision off, against one process stepping the whole batch. The
+upstream comparison is ``thorough`` (each rank imports nemo_automodel). FSDP
+modules are imported where used (about a second), not at collection.
 """
 
 from __future__ import annotations

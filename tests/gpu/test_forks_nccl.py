@@ -20,7 +20,8 @@ import pytest
 from nemo_dist.conformance import Implementation, Report, format_report, load_checks, run_checks
 from nemo_dist.conformance import select_checks as select
 from nemo_dist.testing.plugin import WorldFactory
-from tests.conformance.test_forks import GUARDS, TARGETS
+from tests.conformance._fork_guards import GUARDS
+from tests.conformance.test_forks import TARGETS
 from tests.conformance.test_gallery import CALLED_WITH, GALLERY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group(name="nemo_dist_nccl_w2")]
