@@ -186,6 +186,7 @@ def check_holds(
     from nemo_dist.conformance.errors import NotApplicable
     from nemo_dist.conformance.explain import add_note, likely_cause
     from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
+    from nemo_dist.conformance.registry import thoroughness
     from nemo_dist.conformance.verdicts import classify, is_not_supported
 
     world: Any = None
@@ -199,6 +200,7 @@ def check_holds(
         warnings.catch_warnings(),
         hypothesis_settings(max_examples, database=hypothesis_db(config)),
         seeded(seed),
+        thoroughness(case),
     ):
         warnings.simplefilter("default")
         try:

@@ -26,7 +26,9 @@ there). The engine calls these without importing any suite.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -45,6 +47,8 @@ __all__ = [
     "check",
     "register_suite",
     "select_checks",
+    "thorough",
+    "thoroughness",
 ]
 
 Tier = Literal["core", "extended"]
@@ -85,6 +89,9 @@ class Check:
     #: True: what it checks does not depend on the world's size beyond its range, so a run checks it once, in the
     #: smallest of its world sizes the check fits (:func:`cases`).
     once: bool = False
+    #: True: the check runs in every world, its whole matrix in the world of one and in the run's smallest world of
+    #: two ranks or more, a sample of it in the others (the check asks :func:`thorough`).
+    sampled: bool = False
 
     @property
     def description(self) -> str:
@@ -130,6 +137,7 @@ def check(
     ddp_apis: tuple[str, ...] = DDP_APIS,
     preload: tuple[str, ...] = (),
     once: bool = False,
+    sampled: bool = False,
 ) -> Callable[[Callable[[Any, Implementation], None]], Check]:
     """Register the decorated function as the check ``name``; returns the ``Check``.
 
@@ -137,12 +145,15 @@ def check(
     names modules the check's rank side imports, which a World whose ranks are
     forked imports once for all of them (see ``nemo_dist.testing.World``).
     ``once``: a run checks it in one world only, the smallest it fits.
+    ``sampled``: a run checks its whole matrix in two worlds, a sample in the others (:func:`thorough`).
     """
 
     def register(fn: Callable[[Any, Implementation], None]) -> Check:
         if name in CHECKS:
             raise ValueError(f"conformance check {name!r} is registered twice")
-        CHECKS[name] = Check(name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload, once)
+        CHECKS[name] = Check(
+            name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload, once, sampled
+        )
         return CHECKS[name]
 
     return register
@@ -167,6 +178,8 @@ class Case:
     applies: bool = True
     missing: str = ""
     elsewhere: str = ""
+    #: False where a ``sampled`` check runs a sample of its matrix (:func:`thorough` while it runs).
+    thorough: bool = True
 
 
 def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[int]) -> list[Case]:
@@ -179,7 +192,9 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
     with ``impl`` None and the reason in ``missing``. Against a ``--ddp-fn``
     wrapper a ddp check runs once; the wrapper checks (component
     ``wrapper``) run only against one, with no case for modules. A ``once``
-    check applies only in the smallest of ``world_sizes`` it fits.
+    check applies only in the smallest of ``world_sizes`` it fits. A
+    ``sampled`` check is thorough in a world of one and in the smallest of
+    ``world_sizes`` of two ranks or more it fits, and samples in the others.
     """
     found: list[Case] = []
     for c in checks:
@@ -188,6 +203,8 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
         sizes = [0] if not c.needs_world else list(world_sizes)
         fits = [size for size in sizes if size and c.applies_to(size)]
         only = min(fits) if c.once and fits else None
+        several = [size for size in fits if size >= 2]
+        sampled_in = {size for size in several if size != min(several)} if c.sampled else set()
         elsewhere = (
             ""
             if only is None
@@ -205,8 +222,35 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
             for size in sizes:
                 applies = size == 0 or (c.applies_to(size) and only in (None, size))
                 ran_elsewhere = not applies and size != 0 and c.applies_to(size)
-                found.append(Case(name, c, variant, size, applies, elsewhere=elsewhere if ran_elsewhere else ""))
+                found.append(
+                    Case(
+                        name, c, variant, size, applies,
+                        elsewhere=elsewhere if ran_elsewhere else "", thorough=size not in sampled_in,
+                    )
+                )
     return found
+
+
+#: Whether the check running in this thread is thorough (see :func:`thorough`).
+_THOROUGH: contextvars.ContextVar[bool] = contextvars.ContextVar("nemo_dist_thorough", default=True)
+
+
+def thorough() -> bool:
+    """Whether the ``sampled`` check running now checks its whole matrix (True) or a sample of it (False).
+
+    True outside :func:`thoroughness`: a check called directly is thorough.
+    """
+    return _THOROUGH.get()
+
+
+@contextlib.contextmanager
+def thoroughness(case: Case) -> Iterator[None]:
+    """Run the body with :func:`thorough` saying what ``case`` is (per thread: the runner's lanes are threads)."""
+    token = _THOROUGH.set(case.thorough)
+    try:
+        yield
+    finally:
+        _THOROUGH.reset(token)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from nemo_dist.conformance.deadlines import FLOOR_S, Deadlines, DeadlineWorld, S
 from nemo_dist.conformance.errors import OptionError
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.profile import hypothesis_settings, new_seed, seeded
-from nemo_dist.conformance.registry import SUITES, Case, Check, WorldLike, cases
+from nemo_dist.conformance.registry import SUITES, Case, Check, WorldLike, cases, thoroughness
 from nemo_dist.conformance.target import checked_components, import_components
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict, classify
 
@@ -131,7 +131,8 @@ def run_case(case: Case, world: WorldLike | None) -> Verdict:
         return Verdict(c.name, c.component, c.tier, case.world_size, "not supported", 0.0, case.missing)
     if case.elsewhere:
         return Verdict(case.name, c.component, c.tier, case.world_size, "not applicable", 0.0, case.elsewhere)
-    return run_check(case.check, world, case.impl, name=case.name)
+    with thoroughness(case):
+        return run_check(case.check, world, case.impl, name=case.name)
 
 
 def run_worldless(

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
+from nemo_dist.conformance.registry import thorough
 
 __all__ = [
     "BOTH_ENTRY_POINTS",
@@ -27,6 +28,7 @@ __all__ = [
     "ONCE",
     "PASSING",
     "RECORDS_DRAWS",
+    "SAMPLED",
     "SIZE_TWO_ONLY",
     "TWO_WAYS",
     "WARNING",
@@ -159,6 +161,11 @@ def _entry_point(world: WorldLike, impl: Implementation) -> None:
     assert impl.ddp_api in ("parallelize_ddp", "DDPManager"), impl.ddp_api
 
 
+def _says_if_thorough(world: WorldLike, impl: Implementation) -> None:
+    """Fails, saying whether the run asked for the whole matrix: a verdict message a test can read."""
+    raise AssertionError(f"thorough={thorough()}")
+
+
 PASSING = Check("fake.passes", "core", "gather", _passing)
 FAILING = Check("fake.fails_under_hypothesis", "core", "gather", _failing, min_world=2)
 TWO_WAYS = Check("fake.fails_two_ways", "core", "gather", _two_ways)
@@ -169,6 +176,7 @@ HANGING = Check("fake.hangs", "core", "gather", _hanging, min_world=2)
 ENVIRONMENT_SKIP = Check("fake.environment_skip", "core", "gather", _environment_skip)
 SIZE_TWO_ONLY = Check("fake.size_two_only", "core", "config", _passing, min_world=2, max_world=2)
 ONCE = Check("fake.once", "core", "config", _passing, min_world=2, once=True)
+SAMPLED = Check("fake.sampled", "core", "config", _says_if_thorough, sampled=True)
 WARNING = Check("fake.warns", "core", "gather", _warning)
 WORLDLESS = Check("fake.no_world", "core", "config", _no_world, needs_world=False)
 RECORDS_DRAWS = Check("fake.records_draws", "core", "config", _records_draws, needs_world=False)

@@ -16,9 +16,11 @@ where it proves something (the rest is marked ``thorough``, run with
   what ``parallelize`` returns and where it places the model), since the
   bundled ``DDPManager.parallelize`` is one call of ``parallelize_ddp``
   (forks, whose two entry points may differ, run both: ``test_forks.py``);
-- the checks marked ``once`` (the real-transformers checkpointing checks
-  among them) in one world, as the command runs them: the smallest selected
-  one they fit.
+- the checks marked ``once`` in one world, as the command runs them: the
+  smallest selected one they fit;
+- the checkpointing checks (hand-made and real-transformers models) in one
+  world too, the smallest selected one with two ranks or more: what they
+  count happens inside each rank. The command runs them in every world.
 
 The behaviour checks of a ``--ddp-fn`` wrapper (component ``wrapper``) have
 nothing to check in modules: their reference is torch's own
@@ -59,17 +61,28 @@ REFERENCE_WRAPPER = Implementation(
 )
 #: The checks that build real transformers models on every rank.
 REAL_MODEL_CHECKS = frozenset({"ddp.checkpointing_real_models", "ddp.checkpointing_real_models_beyond_upstream"})
+#: Checks the gate runs in one world: each counts recompute inside every rank, whatever the world's size.
+CHECKPOINTING_CHECKS = REAL_MODEL_CHECKS | {
+    "ddp.activation_checkpointing_full",
+    "ddp.activation_checkpointing_off",
+    "ddp.activation_checkpointing_selective",
+}
 
 
-def in_gate(case: Case) -> bool:
+def in_gate(case: Case, sizes: tuple[int, ...]) -> bool:
     """Whether the gate runs this case of the reference (the others are marked thorough).
 
-    The real-model checks, as every ``once`` check, have a case that applies
-    in one selected world only (the smallest with two ranks or more), so each
-    check runs at least once whatever is selected.
+    ``sizes`` are the selected world sizes. The checkpointing checks run in
+    the smallest of them with two ranks or more (the smallest selected one
+    if none has); a ``once`` check has a case that applies in one selected
+    world only. So each check runs at least once whatever is selected.
     """
     api = case.name.partition("[")[2].rstrip("]")
-    return not (api and api != GATE_API and case.check.name not in MANAGER_CHECKS)
+    if api and api != GATE_API and case.check.name not in MANAGER_CHECKS:
+        return False
+    if case.check.name in CHECKPOINTING_CHECKS:
+        return case.world_size == min((s for s in sizes if s >= 2), default=min(sizes))
+    return True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -84,7 +97,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if not case.applies:
             continue
         marks = [pytest.mark.xdist_group(name=f"nemo_dist_gloo_w{case.world_size}")] if case.world_size else []
-        if not in_gate(case):
+        if not in_gate(case, sizes):
             marks.append(pytest.mark.thorough)
         params.append(pytest.param(case, id=f"{case.name}-w{case.world_size or '-'}", marks=marks))
     metafunc.parametrize("case", params)

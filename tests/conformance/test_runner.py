@@ -10,6 +10,7 @@ import pytest
 from nemo_dist.conformance import REFERENCE, Report, format_report, run_checks
 from nemo_dist.conformance.deadlines import Deadlines, DeadlineWorld, StepHung
 from nemo_dist.conformance.profile import changed_profile
+from nemo_dist.conformance.registry import thorough
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
@@ -187,6 +188,24 @@ def test_a_once_check_runs_in_the_smallest_world_it_fits_and_says_so_in_the_othe
     assert report.verdicts[2].message.startswith("checked once per run, in the world of 2 ranks")
     (alone,) = run_checks([fake.ONCE], REFERENCE, (3,), worlds=world_factory).verdicts
     assert (alone.world_size, alone.outcome) == (3, "pass")  # the smallest selected world it fits
+
+
+def test_a_sampled_check_is_thorough_in_the_world_of_one_and_the_smallest_larger_world_only(
+    world_factory: WorldFactory,
+) -> None:
+    """A ``sampled`` check runs in every world; it samples only beyond the smallest world of 2 or more ranks."""
+    report = run_checks([fake.SAMPLED], REFERENCE, (1, 2, 3), worlds=world_factory)
+    assert [(v.world_size, v.message) for v in report.verdicts] == [
+        (1, "AssertionError: thorough=True"),
+        (2, "AssertionError: thorough=True"),
+        (3, "AssertionError: thorough=False"),
+    ]
+    alone = run_checks([fake.SAMPLED], REFERENCE, (3, 2), worlds=world_factory).verdicts
+    assert {(v.world_size, v.message) for v in alone} == {
+        (2, "AssertionError: thorough=True"),  # the smallest selected world of 2 or more, whatever the order
+        (3, "AssertionError: thorough=False"),
+    }
+    assert thorough(), "a check called outside a run is thorough"
 
 
 def test_warnings_inside_a_check_are_recorded_once_and_never_fail_it(world_factory: WorldFactory) -> None:

@@ -14,8 +14,6 @@ float32 parameters and gradients equal to an explicit ``torch.autocast``, and
 training equal to one process on the full batch. Each field's off or default
 value is checked beside its other values.
 
-The checkpointing checks run ``once``, in a run's smallest world of 2+ ranks.
-
 Core is what upstream (nemo-automodel 0.7.0) does. Upstream returns the
 model unwrapped in a world of one rank, so a check that needs the DDP object
 is not applicable there; wrapping a world of one, applying
@@ -42,8 +40,8 @@ from nemo_dist.conformance.ddp.expectations import (
     TOLERANCE_BF16,
     TOLERANCE_FLOAT64,
     TOLERANCE_TIGHT,
+    assert_autocast_grads,
     assert_close_lists,
-    assert_close_rounded,
     assert_ranks_identical,
     tolerance_for,
 )
@@ -330,20 +328,20 @@ def static_graph(world: WorldLike, impl: Implementation) -> None:
         assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
 
 
-@check("ddp.activation_checkpointing_full", tier="core", component="ddp", min_world=2, once=True)
+@check("ddp.activation_checkpointing_full", tier="core", component="ddp", sampled=True)
 def activation_checkpointing_full(world: WorldLike, impl: Implementation) -> None:
     """Full checkpointing recomputes every matmul of exactly the selected trainable blocks, gradients unchanged."""
     recompute.check_recompute(world, impl, True)
-    recompute.check_recompute(world, impl, "full", ("all", "language"))  # the same mode, spelled as a string
+    recompute.check_recompute(world, impl, "full", ("all", "language"), "language")  # the same mode, as a string
 
 
-@check("ddp.activation_checkpointing_off", tier="core", component="ddp", min_world=2, once=True)
+@check("ddp.activation_checkpointing_off", tier="core", component="ddp", sampled=True)
 def activation_checkpointing_off(world: WorldLike, impl: Implementation) -> None:
     """activation_checkpointing=False (the default) recomputes no block, no matmul in backward, whatever the scope."""
-    recompute.check_recompute(world, impl, False, ("all", "multimodal"))
+    recompute.check_recompute(world, impl, False, ("all", "multimodal"), "all")
 
 
-@check("ddp.activation_checkpointing_selective", tier="core", component="ddp", min_world=2, once=True)
+@check("ddp.activation_checkpointing_selective", tier="core", component="ddp", sampled=True)
 def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
     """Selective checkpointing reruns exactly the selected trainable blocks: fewer matmuls than full, at least one
     other op (a policy saving everything recomputes nothing); same grads."""
@@ -374,7 +372,7 @@ def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
             stray = [op for op in got["floating"] if not op.endswith(ran)] if dtype is None else []
             assert not stray, f"{what}: ops of the forward computed in other dtypes than float32: {stray}"
             assert got["grad_dtypes"] == ["torch.float32"], f"{what}: gradients are {got['grad_dtypes']}, not float32"
-            _assert_autocast_grads(got, what, dtype)
+            assert_autocast_grads(got, what, dtype)
     for mode in (True, "selective"):  # a checkpointed block's recompute must run under autocast too
         for rank, got in enumerate(world.run(op_ranks.autocast_ops, impl, torch.bfloat16, global_x, mode)):
             what = f"autocast_dtype=torch.bfloat16 with activation_checkpointing={mode!r}, rank {rank}"
@@ -383,26 +381,7 @@ def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
                 f"{what}: matmuls ran in {seen} in forward and backward, expected torch.bfloat16 only (is the "
                 "checkpointed forward recomputed outside autocast?)"
             )
-            _assert_autocast_grads(got, what, torch.bfloat16)
-
-
-def _assert_autocast_grads(got: dict[str, Any], what: str, dtype: torch.dtype | None) -> None:
-    """The wrapped gradients equal torch.autocast's on the full batch, within the rounding the autocast dtype allows.
-
-    The two runs round differently (another split of the batch): each matmul
-    of forward and backward rounds its output to ``dtype``, so the tolerance
-    is that many roundings of the dtype, on the size of each gradient tensor
-    (:func:`~.expectations.rounding_tolerance`). float32 (None) allows the
-    same count of float32 roundings (TF32 matmuls on a GPU round coarser:
-    their unit roundoff is 2^-11, as float16's).
-    """
-    roundings = len(got["matmuls"]) + len(got["backward_matmuls"])
-    if dtype is None:
-        dtype = torch.float16 if torch.cuda.is_available() else torch.float32
-    assert_close_rounded(
-        got["grads"], got["reference"], f"{what}: gradients vs an explicit torch.autocast", dtype, roundings,
-        per_tensor=True,
-    )
+            assert_autocast_grads(got, what, torch.bfloat16)
 
 
 @check("ddp.contrastive_loss_equals_full_batch", tier="core", component="ddp")

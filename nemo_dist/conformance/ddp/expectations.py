@@ -18,6 +18,7 @@ __all__ = [
     "TOLERANCE_FLOAT32",
     "TOLERANCE_FLOAT64",
     "TOLERANCE_TIGHT",
+    "assert_autocast_grads",
     "assert_close_lists",
     "assert_close_rounded",
     "assert_ranks_identical",
@@ -205,6 +206,25 @@ def assert_close_rounded(
             torch.testing.assert_close(a, e, atol=tolerance["atol"], rtol=tolerance["rtol"])
         except AssertionError as error:
             raise AssertionError(f"{what}, tensor {index} ({derived}): {error}") from None
+
+
+def assert_autocast_grads(got: dict[str, Any], what: str, dtype: torch.dtype | None) -> None:
+    """The wrapped gradients equal torch.autocast's on the full batch, within the rounding the autocast dtype allows.
+
+    The two runs round differently (another split of the batch): each matmul
+    of forward and backward rounds its output to ``dtype``, so the tolerance
+    is that many roundings of the dtype, on the size of each gradient tensor
+    (:func:`rounding_tolerance`). float32 (None) allows the
+    same count of float32 roundings (TF32 matmuls on a GPU round coarser:
+    their unit roundoff is 2^-11, as float16's).
+    """
+    roundings = len(got["matmuls"]) + len(got["backward_matmuls"])
+    if dtype is None:
+        dtype = torch.float16 if torch.cuda.is_available() else torch.float32
+    assert_close_rounded(
+        got["grads"], got["reference"], f"{what}: gradients vs an explicit torch.autocast", dtype, roundings,
+        per_tensor=True,
+    )
 
 
 def computed_in(dtype: str, declared: str | None) -> torch.dtype:
