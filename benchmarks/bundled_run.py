@@ -9,6 +9,11 @@ alternately, ``--runs`` times each (default 3), with the same interpreter and
 environment, so machine load falls on both alike. It prints each run's wall
 seconds and exit status, the medians and the ratio this/baseline. A change
 may make the bundled run at most 15% slower (ratio 1.15).
+
+It then compares the verdict tables of both trees' last runs, row by row
+(check, world, tier, verdict; timings aside): rows of checks the baseline
+does not have are counted as new, and every other row that differs is
+printed, so "the same rows apart from timings" is read off its output.
 """
 
 from __future__ import annotations
@@ -34,8 +39,32 @@ def console_script(tree: Path) -> tuple[str, str]:
     return found.group(1), found.group(2)
 
 
-def timed_run(tree: Path, args: list[str]) -> tuple[float, int]:
-    """Wall seconds and exit status of ``tree``'s console script (its package first on the path), as installed."""
+#: A row of the verdict table: check, world, tier, verdict, then its time (left out).
+_ROW = re.compile(r"^(\S+)\s+(-|\d+)\s+(core|extended)\s+(.+?)\s+\d+\.\d+s$")
+
+
+def table_rows(output: str) -> set[tuple[str, str, str, str]]:
+    """The (check, world, tier, verdict) rows of a run's verdict table, timings left out."""
+    return {found.groups() for line in output.splitlines() if (found := _ROW.match(line))}  # type: ignore[misc]
+
+
+def compare_rows(baseline: set[tuple[str, str, str, str]], this: set[tuple[str, str, str, str]]) -> list[str]:
+    """Lines saying how ``this`` table differs from ``baseline``'s: new checks counted, other changes listed."""
+    known = {row[0] for row in baseline}
+    new = {row for row in this if row[0] not in known}
+    lines = [f"rows of checks the baseline does not have: {len(new)} ({len({row[0] for row in new})} checks)"]
+    changed = sorted((baseline - this) | ((this - baseline) - new))
+    for row in changed:
+        side = "baseline only" if row in baseline else "this only"
+        lines.append(f"  {side:13}  {'  '.join(row)}")
+    lines.append(
+        f"rows of the baseline's checks: {'identical apart from timings' if not changed else f'{len(changed)} differ'}"
+    )
+    return lines
+
+
+def timed_run(tree: Path, args: list[str]) -> tuple[float, int, str]:
+    """Wall seconds, exit status and stdout of ``tree``'s console script (its package first on the path)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     module, function = console_script(tree)
     script = f"import sys; from {module} import {function}; sys.exit({function}())"
@@ -44,7 +73,7 @@ def timed_run(tree: Path, args: list[str]) -> tuple[float, int]:
         [sys.executable, "-c", script, "-q", *args],
         cwd=tree, env=env, capture_output=True, text=True, check=False,
     )
-    return time.perf_counter() - start, done.returncode
+    return time.perf_counter() - start, done.returncode, done.stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("args", nargs="*", help="arguments of the conformance command (after --)")
     opts = p.parse_args(argv)
     times: dict[str, list[float]] = {"baseline": [], "this": []}
+    outputs: dict[str, str] = {}
     ok = True
     with tempfile.TemporaryDirectory(prefix="nemo_dist_baseline_") as tmp:
         baseline = Path(tmp) / "tree"
@@ -62,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for i in range(opts.runs):
                 for name, tree in (("baseline", baseline), ("this", ROOT)):
-                    seconds, code = timed_run(tree, opts.args)
+                    seconds, code, outputs[name] = timed_run(tree, opts.args)
                     times[name].append(seconds)
                     ok &= code == 0
                     print(f"run {i + 1} {name:8}: {seconds:6.1f} s, exit {code}", flush=True)
@@ -70,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
     base, this = statistics.median(times["baseline"]), statistics.median(times["this"])
     print(f"median baseline {base:.1f} s, this {this:.1f} s, ratio this/baseline {this / base:.2f}")
+    print("\n".join(compare_rows(table_rows(outputs["baseline"]), table_rows(outputs["this"]))))
     return 0 if ok else 1
 
 
