@@ -97,6 +97,9 @@ TARGETS: dict[str, tuple[Implementation, tuple[str, ...], tuple[int, ...]]] = {
 #: Broken forks whose bug needs a subgroup, which the group checks make in worlds of 3 or more.
 for _fork in ("broken_gather_group_rank_from_first_member", "broken_gather_uneven_group_global_rank"):
     TARGETS[_fork] = (*_alone(_fork), (3,))
+#: A fork that checkpoints only in worlds of 2 or fewer: run where the checks are thorough (2) and sample (3).
+_SIZED = "broken_ddp_no_checkpointing_beyond_two_ranks"
+TARGETS[_SIZED] = (*_alone(_SIZED), (2, 3))
 #: Broken FSDP2 forks whose bug is in HSDP, which the fsdp2 checks run in worlds of 4.
 for _fork in ("broken_fsdp2_hsdp_replicas_unsynced", "broken_fsdp2_mesh_dims_swapped"):
     TARGETS[_fork] = (*_alone(_fork), (4,))
@@ -216,7 +219,7 @@ ONE_FIELD_DDP_FORKS = frozenset(f for f in GUARDS if f.startswith(("broken_ddp_"
 
 @pytest.mark.parametrize("fork", _params(sorted(set(GUARDS) - CRASHING), thorough=ONE_FIELD_DDP_FORKS))
 def test_broken_fork_gets_a_verdict_on_every_check_of_its_component(fork: str, world_factory: WorldFactory) -> None:
-    """Every check of the fork's component runs once, unshrunk, in its world (2; 3 for a subgroup bug): a verdict each.
+    """Every check of the fork's component runs once, unshrunk, in its largest world (2; 3 or 4 for a bug there).
 
     The guard test judges the fork on its guarding checks; this cheap run
     proves the tool itself copes with the fork everywhere else (a verdict per
@@ -225,15 +228,29 @@ def test_broken_fork_gets_a_verdict_on_every_check_of_its_component(fork: str, w
     impl, components, sizes = TARGETS[fork]
     checks = [c for c in select(load_checks().values(), impl, "all", None, components) if "real_models" not in c.name]
     with changed_profile(phases=[Phase.explicit, Phase.generate]):
-        report = run_checks(checks, impl, sizes[:1], max_examples=1, worlds=world_factory, components=components)
+        report = run_checks(checks, impl, sizes[-1:], max_examples=1, worlds=world_factory, components=components)
     table = format_report(report)
-    expected = [case.name for case in cases(checks, impl, sizes[:1])]
+    expected = [case.name for case in cases(checks, impl, sizes[-1:])]
     assert sorted(v.check for v in report.verdicts) == sorted(expected), table
     explained = [v for v in report.verdicts if v.outcome in ("fail", "hang", "not supported", "not applicable")]
     assert all(v.message for v in explained), table
     assert report.exit_code(strict=True) == 1, table
     for name in expected:
         assert name in table, table
+
+
+@pytest.mark.parametrize("fork", _params(["broken_ddp_no_checkpointing_beyond_two_ranks"]))
+def test_a_fork_checkpointing_differently_with_more_ranks_fails_where_the_checks_sample(
+    fork: str, world_factory: WorldFactory
+) -> None:
+    """The whole matrix passes in the world of 2 (the fork checkpoints there); the sample fails it in the world of 3."""
+    report, table = _report(fork, world_factory)
+    outcomes = {(v.check, v.world_size): v.outcome for v in report.verdicts if v.check.endswith("[DDPManager]")}
+    assert outcomes == {
+        (f"ddp.activation_checkpointing_{mode}[DDPManager]", size): "pass" if size == 2 else "fail"
+        for mode in ("full", "selective")
+        for size in (2, 3)
+    }, table
 
 
 @pytest.mark.parametrize("fork", _params(["broken_gather_uneven_group_global_rank"]))
