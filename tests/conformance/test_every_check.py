@@ -18,9 +18,10 @@ where it proves something (the rest is marked ``thorough``, run with
   (forks, whose two entry points may differ, run both: ``test_forks.py``);
 - the checks marked ``once`` in one world, as the command runs them: the
   smallest selected one they fit;
-- the checkpointing checks (hand-made and real-transformers models) in one
-  world too, the smallest selected one with two ranks or more: what they
-  count happens inside each rank. The command runs them in every world.
+- the ``sampled`` checks (the checkpointing checks, hand-made and
+  real-transformers models) in one world too, the smallest selected one with
+  two ranks or more, where they check every scope and mode: what they count
+  happens inside each rank. The command runs them in every world.
 
 The behaviour checks of a ``--ddp-fn`` wrapper (component ``wrapper``) have
 nothing to check in modules: their reference is torch's own
@@ -61,26 +62,21 @@ REFERENCE_WRAPPER = Implementation(
 )
 #: The checks that build real transformers models on every rank.
 REAL_MODEL_CHECKS = frozenset({"ddp.checkpointing_real_models", "ddp.checkpointing_real_models_beyond_upstream"})
-#: Checks the gate runs in one world: each counts recompute inside every rank, whatever the world's size.
-CHECKPOINTING_CHECKS = REAL_MODEL_CHECKS | {
-    "ddp.activation_checkpointing_full",
-    "ddp.activation_checkpointing_off",
-    "ddp.activation_checkpointing_selective",
-}
 
 
 def in_gate(case: Case, sizes: tuple[int, ...]) -> bool:
     """Whether the gate runs this case of the reference (the others are marked thorough).
 
-    ``sizes`` are the selected world sizes. The checkpointing checks run in
-    the smallest of them with two ranks or more (the smallest selected one
-    if none has); a ``once`` check has a case that applies in one selected
-    world only. So each check runs at least once whatever is selected.
+    ``sizes`` are the selected world sizes. A ``sampled`` check (the
+    checkpointing checks) runs in the smallest of them with two ranks or more,
+    where it is thorough (the smallest selected one if none has); a ``once``
+    check has a case that applies in one selected world only. So each check
+    runs at least once whatever is selected.
     """
     api = case.name.partition("[")[2].rstrip("]")
     if api and api != GATE_API and case.check.name not in MANAGER_CHECKS:
         return False
-    if case.check.name in CHECKPOINTING_CHECKS:
+    if case.check.sampled:
         return case.world_size == min((s for s in sizes if s >= 2), default=min(sizes))
     return True
 
