@@ -316,7 +316,7 @@ def reductions() -> Iterator[list[tuple[str, str]]]:
     # A fresh profiler per block: keeping its events (acc_events, torch 2.5+) changes nothing but stops torch 2.11's
     # "Profiler clears events at the end of each cycle" warning, which the gate's warnings-as-errors fail on (seen
     # on an H200 host).
-    keep = {"acc_events": True} if "acc_events" in inspect.signature(profile).parameters else {}
+    keep: dict[str, Any] = {"acc_events": True} if "acc_events" in inspect.signature(profile).parameters else {}
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, **keep) as profiler:
         yield found
     for event in profiler.events():
