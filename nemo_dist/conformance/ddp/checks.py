@@ -7,9 +7,10 @@ the module defines gets its own run) and asserts in the parent on what the
 ranks report: buffers equalised or left alone, the bucket layout equal to
 torch's own DDP's for the same cap, an unused parameter tolerated as torch's
 own DDP tolerates it or raising, gradients aliasing the bucket storage,
-static graph accepted, blocks recomputed in backward under
-checkpointing (every matmul under full, fewer under selective, none without
-it) with unchanged gradients, autocast running the matmuls in its dtype with
+static graph accepted, blocks recomputed in backward under checkpointing
+(every matmul under full; under selective at least one op and fewer than
+full, whichever its policy saves; none without it) with unchanged
+gradients, autocast running the matmuls in its dtype with
 float32 parameters and gradients equal to an explicit ``torch.autocast``, and
 training equal to one process on the full batch. Each field's off or default
 value is checked beside its other values.
@@ -64,6 +65,7 @@ __all__ = [
     "manager_attributes",
     "parallelize_wraps_and_places",
     "requires_process_group",
+    "selective_checkpointing_saves_matmuls",
     "static_graph",
     "world_of_one_wrapped_in_ddp",
 ]
@@ -343,9 +345,16 @@ def activation_checkpointing_off(world: WorldLike, impl: Implementation) -> None
 
 @check("ddp.activation_checkpointing_selective", tier="core", component="ddp", sampled=True)
 def activation_checkpointing_selective(world: WorldLike, impl: Implementation) -> None:
-    """Selective checkpointing reruns exactly the selected trainable blocks: fewer matmuls than full, at least one
-    other op (a policy saving everything recomputes nothing); same grads."""
+    """Selective checkpointing reruns exactly the selected trainable blocks, each recomputing at least one op and
+    strictly fewer than full checkpointing (whichever ops its policy saves); same grads."""
     recompute.check_recompute(world, impl, "selective")
+
+
+@check("ddp.selective_checkpointing_saves_matmuls", tier="extended", component="ddp", sampled=True)
+def selective_checkpointing_saves_matmuls(world: WorldLike, impl: Implementation) -> None:
+    """Selective checkpointing's selected blocks run fewer matmuls again than forward: a matmul output saved, as
+    torch's documented policy and upstream's save them."""
+    recompute.check_saves_a_matmul(world, impl)
 
 
 @check("ddp.autocast_dtype", tier="extended", component="ddp")

@@ -39,12 +39,11 @@ def running() -> _Counted | None:
 
 
 class _Counted(nn.Module):
-    """A sub-module that counts its ``forward`` calls (``calls``) and, through a counter, its matmuls (``matmuls``)."""
+    """A sub-module that counts its ``forward`` calls (``calls``) and names itself :func:`running` meanwhile."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
-        self.matmuls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1

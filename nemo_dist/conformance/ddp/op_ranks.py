@@ -6,8 +6,8 @@ Every public function here runs on every rank of a world (through
 ops they execute with the dispatch modes of :mod:`~nemo_dist.conformance.ddp.ops`:
 
 - :func:`checkpoint_recompute`: per block, how often its attention and MLP ran
-  forward again during backward and how many of its matmuls and of its other
-  ops ran again, beside how many it ran forward; the gradients beside those of
+  forward, and again during backward, and how many of its matmuls and of its
+  other ops ran in each (:func:`observe_blocks`); the gradients beside those of
   an uncheckpointed copy.
 - :func:`autocast_ops`: under ``autocast_dtype``, the dtypes of the parameters,
   of every matmul and every floating-point op of the forward and of the
@@ -21,8 +21,8 @@ functions run in gloo and NCCL worlds.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,11 +37,11 @@ from nemo_dist.conformance.ddp.entry_point import (
     seeded,
     square_loss,
 )
-from nemo_dist.conformance.ddp.models import _Block, _MultimodalModel, _TinyModel, multimodal_blocks
+from nemo_dist.conformance.ddp.models import _Block, _Counted, _MultimodalModel, _TinyModel, multimodal_blocks
 from nemo_dist.conformance.ddp.ops import MatmulCounter, OpDtypes
 from nemo_dist.conformance.implementation import Implementation
 
-__all__ = ["autocast_ops", "checkpoint_recompute"]
+__all__ = ["autocast_ops", "checkpoint_recompute", "counted_parts", "observe_blocks"]
 
 
 #: The gradients without checkpointing by (implementation, batch), kept per rank: the same for every mode and scope.
@@ -64,52 +64,84 @@ def _plain_run(impl: Implementation, global_x: torch.Tensor) -> tuple[list[Any],
     return _PLAIN_RUNS[key]
 
 
-def _in_block(counts: Counter[Hashable], block: _Block) -> int:
-    """The ops ``counts`` holds for the attention and MLP of ``block``."""
-    return counts[block.attn] + counts[block.mlp]
+def counted_parts(blocks: dict[str, _Block]) -> dict[str, dict[str, _Counted]]:
+    """Block name -> its counted sub-modules by name (``attn``, ``mlp``), taken before the model is wrapped.
+
+    An implementation may replace a block's children by checkpoint wrappers;
+    what runs inside them, and what the counters name, are these modules.
+    """
+    return {name: {"attn": block.attn, "mlp": block.mlp} for name, block in blocks.items()}
+
+
+def observe_blocks(
+    parts: dict[str, dict[str, _Counted]], loss_of: Callable[[], torch.Tensor]
+) -> dict[str, dict[str, Any]]:
+    """Run ``loss_of()`` and its backward under op counters; per block, its *block run*.
+
+    A block run (:mod:`~nemo_dist.conformance.ddp.checkpoint_rules`) holds each
+    counted sub-module's ``forward`` runs in forward and again in backward,
+    and the matmuls and other ops they executed in each. The forward runs
+    with torch's checkpoint early stop off, so a checkpointed region
+    recomputes to its end: full checkpointing runs every op of a selected
+    block again, a selective policy fewer (those whose outputs it saved are
+    answered from its cache).
+    """
+    start = {name: {k: m.calls for k, m in subs.items()} for name, subs in parts.items()}
+    forward, backward = MatmulCounter(), MatmulCounter()
+    with forward, set_checkpoint_early_stop(False):
+        loss = loss_of()
+    between = {name: {k: m.calls for k, m in subs.items()} for name, subs in parts.items()}
+    with backward:
+        loss.backward()
+
+    def ops(counter: MatmulCounter, kind: str, subs: dict[str, _Counted]) -> int:
+        return sum(getattr(counter, kind)[m] for m in subs.values())
+
+    return {
+        name: {
+            "calls": {
+                k: (between[name][k] - start[name][k], m.calls - between[name][k]) for k, m in subs.items()
+            },
+            "ops": {kind: (ops(forward, kind, subs), ops(backward, kind, subs)) for kind in ("matmuls", "others")},
+        }
+        for name, subs in parts.items()
+    }
+
+
+def _wrapped_loss(wrapped: Any, rows: torch.Tensor) -> torch.Tensor:
+    return square_loss(wrapped(rows))
+
+
+#: Results of :func:`checkpoint_recompute` by its arguments, kept per rank: the core and extended checks read one run.
+_RECOMPUTES: dict[tuple[Implementation, str, str, bytes], dict[str, Any]] = {}
 
 
 def checkpoint_recompute(
     impl: Implementation, mode: bool | str, scopes: list[Any], global_x: torch.Tensor
 ) -> dict[str, Any]:
-    """For each scope: per block, its sub-modules' forward runs and its ops in forward and backward; the gradients.
+    """For each scope: per block, its block run (:func:`observe_blocks`); the gradients.
 
     Returns ``{"trainable": {block: bool}, "plain_grads": [...], "dtype": the wrapped
-    model's parameter dtype, "scopes": {repr(scope): {"recomputed": {block: {"attn":
-    runs in backward, "mlp": runs in backward, "matmuls": (in forward, in backward),
-    "others": (in forward, in backward)}}, "grads": [...]}}}``, with ``plain_grads``
-    from the same model wrapped without checkpointing. ``others`` counts the ops
-    other than matmuls that compute a tensor (:class:`~.ops.MatmulCounter`).
-
-    The forward runs with torch's checkpoint early stop off, so a checkpointed
-    region recomputes to its end: full checkpointing then runs every matmul of
-    a selected block again, and a selective policy fewer (those whose outputs
-    it saved are not run again) and some of its other ops.
+    model's parameter dtype, "scopes": {repr(scope): {"runs": {block: block run},
+    "grads": [...]}}}``, with ``plain_grads`` from the same model wrapped without
+    checkpointing. Computed once per rank for the same arguments.
     """
+    key = (impl, repr(mode), repr(scopes), global_x.numpy().tobytes())
+    if key in _RECOMPUTES:
+        return _RECOMPUTES[key]
     plain_grads, x, dtype = _plain_run(impl, global_x)
     result: dict[str, Any] = {"plain_grads": plain_grads, "scopes": {}, "dtype": dtype}
     for scope in scopes:
         model = seeded(_MultimodalModel, 6)
         blocks = multimodal_blocks(model)
         result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
+        parts = counted_parts({name: block for name, (block, _) in blocks.items()})
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
         wrapped = parallelizer(impl, config).parallelize(model)
-        forward, backward = MatmulCounter(), MatmulCounter()
-        with forward, set_checkpoint_early_stop(False):
-            loss = square_loss(wrapped(x.to(device_of(model), dtype_of(model))))
-        before = {name: (b.attn.calls, b.mlp.calls) for name, (b, _) in blocks.items()}
-        with backward:
-            loss.backward()
-        recomputed = {
-            name: {
-                "attn": b.attn.calls - before[name][0],
-                "mlp": b.mlp.calls - before[name][1],
-                "matmuls": (_in_block(forward.matmuls, b), _in_block(backward.matmuls, b)),
-                "others": (_in_block(forward.others, b), _in_block(backward.others, b)),
-            }
-            for name, (b, _) in blocks.items()
-        }
-        result["scopes"][repr(scope)] = {"recomputed": recomputed, "grads": grads_of(model)}
+        rows = x.to(device_of(model), dtype_of(model))
+        runs = observe_blocks(parts, functools.partial(_wrapped_loss, wrapped, rows))
+        result["scopes"][repr(scope)] = {"runs": runs, "grads": grads_of(model)}
+    _RECOMPUTES[key] = result
     return result
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nemo_dist.conformance.ddp.models import _Counted, running
+from nemo_dist.conformance.ddp.models import running
 
 __all__ = ["MATMULS", "MatmulCounter", "OpCounter", "OpDtypes"]
 
@@ -70,19 +70,10 @@ class OpCounter(TorchDispatchMode):
 
 
 class MatmulCounter(OpCounter):
-    """An :class:`OpCounter` of the counted sub-modules (:func:`~.models.running`); a matmul also adds to theirs.
-
-    Each matmul adds one to the running sub-module's own ``matmuls`` as well.
-    """
+    """An :class:`OpCounter` of the hand-made models' counted sub-modules (:func:`~.models.running`)."""
 
     def __init__(self) -> None:
         super().__init__(running)
-
-    def count(self, counted: Hashable, func: Any, out: Any) -> None:
-        """Count as :class:`OpCounter` does; a matmul also adds one to ``counted.matmuls``."""
-        super().count(counted, func, out)
-        if _packet(func) in MATMULS:
-            cast(_Counted, counted).matmuls += 1
 
 
 def _computes_tensor(out: Any) -> bool:

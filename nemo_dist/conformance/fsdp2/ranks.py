@@ -14,6 +14,7 @@ a torch release lacks it).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
@@ -21,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nemo_dist.conformance.ddp.op_ranks import counted_parts, observe_blocks
 from nemo_dist.conformance.ddp.sharded import cpu_copy, full
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.fsdp2.calls import device, mesh, own_fsdp_internals, parallelize, sync_ctx
@@ -407,10 +409,12 @@ def offload(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str
 
 
 def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str) -> dict[str, Any]:
-    """One step with checkpointing ``mode`` and ``scope``; per block, attn and mlp calls in backward; the grads.
+    """One step with checkpointing ``mode`` and ``scope``; per block, its block run; the grads.
 
-    Beside it, the same model sharded without checkpointing (its gradients
-    are the expected ones).
+    A block run (:func:`~nemo_dist.conformance.ddp.op_ranks.observe_blocks`):
+    the attn and mlp calls in forward and in backward, and the ops they ran
+    in each. Beside it, the same model sharded without checkpointing (its
+    gradients are the expected ones).
     """
     with own_fsdp_internals():
         found: dict[str, Any] = {}
@@ -419,16 +423,12 @@ def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str)
             ("checkpointed", {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}),
         ):
             lm = tiny_lm(seed, torch.float64).to(device())
-            counted = blocks(lm)
+            parts = counted_parts(blocks(lm))
             model = parallelize(impl, lm, mesh(1), {"mp_policy": {}, **fields})
             tokens, targets = _tokens(seed, 1)
-            loss = _loss(model, _local(tokens[0]), _local(targets[0]))
-            before = {name: (b.attn.calls, b.mlp.calls) for name, b in counted.items()}
-            loss.backward()
+            runs = observe_blocks(parts, functools.partial(_loss, model, _local(tokens[0]), _local(targets[0])))
             found[run] = {
-                "recomputed": {
-                    name: (b.attn.calls - before[name][0], b.mlp.calls - before[name][1]) for name, b in counted.items()
-                },
+                "runs": runs,
                 "grads": [None if p.grad is None else cpu_copy(p.grad) for p in model.parameters()],
             }
         return found

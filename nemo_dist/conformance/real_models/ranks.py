@@ -358,14 +358,15 @@ def recompute_counts(
 
     Returns ``{"transformers": version, "dtype": the wrapped models' parameter dtype, "blocks": {"group.index": {"path",
     "trainable", "has_mlp"}}, "names": [parameter names], "plain_grads": [...],
-    "scopes": {scope: {"recomputed": {"group.index": [attention runs, MLP runs
-    or None without an MLP]}, "ops": {"group.index": {"matmuls": (in forward, in
-    backward), "others": (in forward, in backward)}}, "grads": [...]}}}``;
-    gradients are CPU copies in ``model.parameters()`` order (None where a
-    parameter has none). ``ops`` (selective mode only; empty otherwise) counts
-    what the block's attention and MLP executed (:class:`~nemo_dist.conformance.ddp.ops.OpCounter`: matmuls, and
-    other ops computing a tensor); the forward runs with torch's checkpoint
-    early stop off, so a checkpointed region recomputes to its end.
+    "scopes": {scope: {"runs": {"group.index": block run}, "grads": [...]}}}``: a
+    block run (:mod:`~nemo_dist.conformance.ddp.checkpoint_rules`) holds the
+    forward runs of the block's attention and MLP (where it has one), in
+    forward and again in backward, and (selective mode only; None otherwise)
+    the matmuls and other ops computing a tensor they executed in each
+    (:class:`~nemo_dist.conformance.ddp.ops.OpCounter`); the forward runs with
+    torch's checkpoint early stop off, so a checkpointed region recomputes to
+    its end. Gradients are CPU copies in ``model.parameters()`` order (None
+    where a parameter has none).
     """
     arch = ARCHITECTURES[architecture]
     plain, plain_blocks = _build(arch)
@@ -396,18 +397,21 @@ def recompute_counts(
         forward, backward = OpCounter(_running), OpCounter(_running)
         with forward if counting else contextlib.nullcontext(), set_checkpoint_early_stop(False):
             loss = _loss(arch, wrapped, model)
-        before = {name: dict(block.calls) for name, block in blocks.items()}
+        between = {name: dict(block.calls) for name, block in blocks.items()}
         with backward if counting else contextlib.nullcontext():
             loss.backward()
         result["scopes"][scope] = {
-            "recomputed": {
-                name: [
-                    block.calls["attention"] - before[name]["attention"],
-                    None if block.mlp is None else block.calls["mlp"] - before[name]["mlp"],
-                ]
+            "runs": {
+                name: {
+                    "calls": {
+                        label: (between[name][key], block.calls[key] - between[name][key])
+                        for key, label in (("attention", "attention"), ("mlp", "MLP"))
+                        if key == "attention" or block.mlp is not None
+                    },
+                    "ops": _block_ops(forward, backward, name) if counting else None,
+                }
                 for name, block in blocks.items()
             },
-            "ops": {name: _block_ops(forward, backward, name) for name in blocks} if counting else {},
             "grads": grads_of(model),
         }
     device, dtype = device_of(plain), dtype_of(plain)
