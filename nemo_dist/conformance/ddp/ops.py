@@ -25,8 +25,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nemo_dist.conformance.ddp.models import running
+from nemo_dist.conformance.errors import NotApplicable
 
-__all__ = ["MATMULS", "MatmulCounter", "OpCounter", "OpDtypes"]
+__all__ = ["MATMULS", "MatmulCounter", "OpCounter", "OpDtypes", "require_seen"]
 
 _aten = torch.ops.aten
 #: The matmul ops, as overload packets (``aten.linear`` is decomposed into these above the dispatch modes).
@@ -103,3 +104,13 @@ class OpDtypes(TorchDispatchMode):
             self.matmuls.extend(dtypes)
         self.floating.update(f"{_packet(func).__name__}: {dtype}" for dtype in dtypes)
         return out
+
+
+def require_seen(dtypes: list[str], unseen: str) -> None:
+    """Raise ``NotApplicable`` (``unseen``, and what follows) when a recorder's ``dtypes`` are empty.
+
+    The models the checks run execute matmuls in forward and backward; a recorder that saw none was blind
+    to them (ops hidden from dispatch modes), and the dtypes cannot be judged.
+    """
+    if not dtypes:
+        raise NotApplicable(f"{unseen}, so the dtype they compute in could not be observed")

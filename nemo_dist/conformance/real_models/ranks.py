@@ -177,13 +177,11 @@ def _qwen2_audio_tower(wrapped: Any, model: Any, x: dict[str, torch.Tensor]) -> 
     return _square_mean(model.model.multi_modal_projector(encoded))
 
 
-def _whisper_decoder(wrapped: Any, model: Any, x: dict[str, torch.Tensor]) -> torch.Tensor:
+def _whisper_both(wrapped: Any, model: Any, x: dict[str, torch.Tensor]) -> torch.Tensor:
+    # Encoder and decoder in one forward: each block runs once. Driving the encoder again on its own would use its
+    # parameters twice in one iteration, which DDP refuses under reentrant checkpointing ("marked ready twice").
     out = wrapped(input_features=x["input_features"], decoder_input_ids=x["input_ids"], use_cache=False)
     return _square_mean(out.logits)
-
-
-def _whisper_encoder(wrapped: Any, model: Any, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    return _square_mean(model.model.encoder(x["input_features"]).last_hidden_state)
 
 
 Driver = Callable[[Any, Any, dict[str, torch.Tensor]], torch.Tensor]
@@ -225,7 +223,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         "WhisperForConditionalGeneration",
         _whisper,
         {"audio": "model.encoder.layers", "language": "model.decoder.layers"},
-        {"language": _whisper_decoder, "audio": _whisper_encoder},
+        {"language": _whisper_both},
         "audio.1",
     ),
 }
