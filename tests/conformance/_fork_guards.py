@@ -173,6 +173,20 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
         ("fsdp2.cpu_offload_trains_and_offloads",
          r"offload_policy=cpu, rank \d: units' offload policies .*expected CPUOffloadPolicy on each"),
     ],
+    "broken_fsdp2_cast_forward_inputs_dropped": [
+        (
+            "fsdp2.every_unit_holds_the_configured_policy",
+            r"mp_policy=None \(the default\), rank \d: unit .* holds \{.*'cast_forward_inputs': True\}, expected "
+            r"\{.*'cast_forward_inputs': False\}",
+        )
+    ],
+    "broken_fsdp2_selective_is_full": [
+        (
+            "fsdp2.activation_checkpointing_recomputes_selected_layers",
+            r"activation_checkpointing='selective', scope 'language', rank \d: layers\.0 \(language group, selected\) "
+            r"ran all 7 of its ops again during backward",
+        )
+    ],
     "broken_fsdp2_checkpointing_scope_ignored": [
         ("fsdp2.activation_checkpointing_recomputes_selected_layers",
          r"scope 'vision', rank \d: layers\.0 \(language group, not selected\) ran attn [1-9]"),
@@ -190,4 +204,13 @@ LIKELY_CAUSES = {
     "broken_gather_reduces_float32_in_bfloat16": "reduced in bfloat16: gradients match a bfloat16 reduction of float32",
     "broken_gather_group_rank_from_first_member": "wrong only in groups of interleaved ranks",
     "broken_gather_uneven_group_global_rank": "wrong only inside a subgroup (global rank used where the group rank",
+    # The checkpointing contract names the class of each checkpointing bug (ddp/checkpoint_rules.py).
+    "broken_ddp_selective_is_full": "'selective' recomputes every op of the block, as full checkpointing does",
+    "broken_ddp_selective_saves_every_op": "'selective' recomputes nothing",
+    "broken_ddp_no_checkpointing": "a selected block is not checkpointed",
+    "broken_ddp_checkpoints_frozen_blocks": "a block the scope does not select is checkpointed",
+    "broken_fsdp2_selective_is_full": "'selective' recomputes every op of the block, as full checkpointing does",
+    "broken_fsdp2_checkpointing_scope_ignored": "a block the scope does not select is checkpointed",
+    "broken_fsdp2_cast_forward_inputs_dropped": "the MixedPrecisionPolicy rebuilt or replaced before fully_shard",
+    "broken_fsdp2_reduce_dtype_ignored": "mp_policy=None not made upstream's default policy",
 }

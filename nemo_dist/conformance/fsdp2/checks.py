@@ -35,9 +35,10 @@ from nemo_dist.conformance.ddp.checkpoint_rules import explained, judge_block, r
 from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, TOLERANCE_TIGHT, assert_close_lists
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.fsdp2 import ranks
+from nemo_dist.conformance.fsdp2.causes import fsdp2_check
 from nemo_dist.conformance.fsdp2.models import LAYERS
 from nemo_dist.conformance.implementation import Implementation
-from nemo_dist.conformance.registry import WorldLike, check
+from nemo_dist.conformance.registry import WorldLike
 
 __all__ = [
     "activation_checkpointing_recomputes_selected_layers",
@@ -56,15 +57,6 @@ __all__ = [
 ]
 
 _SEED = 7
-#: torch's FSDP2 (DTensor, sympy: about a second), imported once by the command's fork server for every rank.
-_PRELOAD = ("torch.distributed.fsdp",)
-
-
-def _fsdp2_check(name: str, *, min_world: int = 2, max_world: int | None = None, once: bool = False) -> Any:
-    """Register a core check of the fsdp2 suite (in worlds of 2 or more unless said), torch's FSDP2 preloaded."""
-    return check(
-        name, tier="core", component="fsdp2", preload=_PRELOAD, min_world=min_world, max_world=max_world, once=once
-    )
 
 
 def layouts(size: int) -> list[int]:
@@ -93,7 +85,7 @@ def _chunk_rows(rows: int, shards: int, index: int) -> int:
     return max(0, min(size, rows - index * size))
 
 
-@_fsdp2_check("fsdp2.shards_over_the_data_parallel_dims")
+@fsdp2_check("fsdp2.shards_over_the_data_parallel_dims")
 def shards_over_the_data_parallel_dims(world: WorldLike, impl: Implementation) -> None:
     """Every parameter a DTensor: Shard(0) over the shard group (HSDP: Replicate over replicas), its chunk, whole."""
     for replicas in layouts(world.size):
@@ -122,7 +114,7 @@ def shards_over_the_data_parallel_dims(world: WorldLike, impl: Implementation) -
                 assert param["full_equal"], f"{where}: its full tensor differs from the unsharded model's"
 
 
-@_fsdp2_check("fsdp2.world_of_one_shards_nothing", min_world=1, max_world=1)
+@fsdp2_check("fsdp2.world_of_one_shards_nothing", min_world=1, max_world=1)
 def world_of_one_shards_nothing(world: WorldLike, impl: Implementation) -> None:
     """In a world of one rank the model comes back itself, unsharded, and the default policy casts nothing."""
     (found,) = world.run(ranks.sharding, impl, 1, _SEED)
@@ -164,13 +156,13 @@ def _assert_trained(
                 )
 
 
-@_fsdp2_check("fsdp2.trains_like_one_process", min_world=1)
+@fsdp2_check("fsdp2.trains_like_one_process", min_world=1)
 def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     """SGD and Adam steps equal one process on the whole batch (the mean over every rank); HSDP replicas identical."""
     _assert_trained(world, impl, "mixed precision off", {}, tied=False)
 
 
-@_fsdp2_check("fsdp2.tied_embeddings_stay_tied", min_world=1)
+@fsdp2_check("fsdp2.tied_embeddings_stay_tied", min_world=1)
 def tied_embeddings_stay_tied(world: WorldLike, impl: Implementation) -> None:
     """A head tied to the input embedding stays one parameter and trains like one process, shards uneven or not;
     where it shards, a tied head inside a layer list is refused (ValueError on every rank), as upstream refuses it."""
@@ -227,7 +219,7 @@ def _reductions_unread(read: list[bool]) -> None:
         )
 
 
-@_fsdp2_check("fsdp2.default_mp_policy_bf16_compute_fp32_reduce", once=True)
+@fsdp2_check("fsdp2.default_mp_policy_bf16_compute_fp32_reduce", once=True)
 def default_mp_policy_bf16_compute_fp32_reduce(world: WorldLike, impl: Implementation) -> None:
     """mp_policy=None computes in bfloat16 and reduces in float32; parameters, grads and Adam state stay float32."""
     expected = _seen(compute="bfloat16", layer_input="bfloat16", output="bfloat16", reduce="float32")
@@ -255,7 +247,7 @@ _POLICIES: list[tuple[dict[str, str], dict[str, Any]]] = [
 ]
 
 
-@_fsdp2_check("fsdp2.mp_policy_fields_apply", once=True)
+@fsdp2_check("fsdp2.mp_policy_fields_apply", once=True)
 def mp_policy_fields_apply(world: WorldLike, impl: Implementation) -> None:
     """An explicit MixedPrecisionPolicy's param, reduce and output dtypes apply; sharded state keeps its own dtype."""
     read = []
@@ -265,7 +257,7 @@ def mp_policy_fields_apply(world: WorldLike, impl: Implementation) -> None:
     _reductions_unread(read)
 
 
-@_fsdp2_check("fsdp2.state_dict_round_trips")
+@fsdp2_check("fsdp2.state_dict_round_trips")
 def state_dict_round_trips(world: WorldLike, impl: Implementation) -> None:
     """The full state dict has the unsharded model's keys and values; a sharded one loads into another sharded model."""
     for replicas in richest(world.size):
@@ -296,7 +288,7 @@ def _reshard_expected(flag: bool | None) -> dict[str, bool]:
     return {"": False, "embed": True if flag is None else flag, **layers, "head": False}
 
 
-@_fsdp2_check("fsdp2.reshard_after_forward_chooses_units", once=True)
+@fsdp2_check("fsdp2.reshard_after_forward_chooses_units", once=True)
 def reshard_after_forward_chooses_units(world: WorldLike, impl: Implementation) -> None:
     """Between forward and backward: None reshards every layer but the last; True all; False none; root never."""
     for flag in (None, True, False):
@@ -313,7 +305,7 @@ def reshard_after_forward_chooses_units(world: WorldLike, impl: Implementation) 
             )
 
 
-@_fsdp2_check("fsdp2.deferred_sync_reduces_on_the_last_micro_batch", once=True)
+@fsdp2_check("fsdp2.deferred_sync_reduces_on_the_last_micro_batch", once=True)
 def deferred_sync_reduces_on_the_last_micro_batch(world: WorldLike, impl: Implementation) -> None:
     """get_sync_ctx over 2 micro-batches: deferred, only the last reduces (half the reductions); the same grads."""
     micro = 2
@@ -357,7 +349,7 @@ def _chains(forward: int, backward: int) -> list[tuple[str, str, list[str]]]:
     return sorted(found)
 
 
-@_fsdp2_check("fsdp2.functional_entry_point_keeps_upstream_defaults", once=True)
+@fsdp2_check("fsdp2.functional_entry_point_keeps_upstream_defaults", once=True)
 def functional_entry_point_keeps_upstream_defaults(world: WorldLike, impl: Implementation) -> None:
     """fsdp2_strategy_parallelize's own defaults are upstream's: prefetch on (depths 1 forward, 2 backward), the
     resharding heuristic; NOT SUPPORTED where the module has no such function (upstream keeps it elsewhere)."""
@@ -388,7 +380,7 @@ _PREFETCH: list[tuple[dict[str, Any], list[tuple[str, str, list[str]]]]] = [
 ]
 
 
-@_fsdp2_check("fsdp2.prefetch_chains_have_configured_depth", once=True)
+@fsdp2_check("fsdp2.prefetch_chains_have_configured_depth", once=True)
 def prefetch_chains_have_configured_depth(world: WorldLike, impl: Implementation) -> None:
     """Prefetch off by default; on, each layer prefetches the next N (forward) and previous M (backward) layers."""
     for fields, expected in _PREFETCH:
@@ -398,7 +390,7 @@ def prefetch_chains_have_configured_depth(world: WorldLike, impl: Implementation
             )
 
 
-@_fsdp2_check("fsdp2.cpu_offload_trains_and_offloads", once=True)
+@fsdp2_check("fsdp2.cpu_offload_trains_and_offloads", once=True)
 def cpu_offload_trains_and_offloads(world: WorldLike, impl: Implementation) -> None:
     """CPUOffloadPolicy reaches every unit and keeps training equal to one process; without it, no unit offloads.
 
@@ -426,7 +418,7 @@ _CHECKPOINTING: list[tuple[bool | str, str, bool]] = [
 ]
 
 
-@_fsdp2_check("fsdp2.activation_checkpointing_recomputes_selected_layers", once=True)
+@fsdp2_check("fsdp2.activation_checkpointing_recomputes_selected_layers", once=True)
 def activation_checkpointing_recomputes_selected_layers(world: WorldLike, impl: Implementation) -> None:
     """Checkpointing reruns the selected groups' attention and MLP in backward, scope respected (full: every matmul;
     selective: at least one op and fewer than full); gradients unchanged."""

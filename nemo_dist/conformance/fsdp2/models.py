@@ -20,7 +20,7 @@ from torch import nn
 
 from nemo_dist.conformance.ddp.models import DIM, _Block
 
-__all__ = ["LAYERS", "VOCAB", "TinyLM", "blocks", "tiny_lm"]
+__all__ = ["LAYERS", "VOCAB", "SideInputLM", "TinyLM", "blocks", "tiny_lm"]
 
 #: Rows of the embedding and the head: uneven over 3 and 4 shards.
 VOCAB = 10
@@ -68,3 +68,38 @@ def tiny_lm(seed: int, dtype: torch.dtype, tied: bool = False) -> TinyLM:
 def blocks(model: TinyLM) -> dict[str, _Block]:
     """Block name (``layers.0``) -> block, taken before sharding (wrapping may replace the list's entries)."""
     return {f"layers.{index}": block for index, block in enumerate(model.layers)}  # type: ignore[misc]
+
+
+class _SideBlock(nn.Module):
+    """A block that also takes a float side input (a mask or position table, as real layers do); records dtypes.
+
+    ``seen`` holds, per forward, the dtypes its ``forward`` received for the residual stream and the side input:
+    what FSDP's pre-forward cast (``cast_forward_inputs``) left of them.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.block = _Block(dim)
+        self.gate = nn.Parameter(torch.full((dim,), 0.5))
+        self.seen: list[tuple[str, str]] = []
+
+    def forward(self, x: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
+        self.seen.append((str(x.dtype).removeprefix("torch."), str(side.dtype).removeprefix("torch.")))
+        out = self.block(x)
+        return out + (self.gate * side).to(out.dtype)  # the residual stream keeps the dtype the block computed in
+
+
+class SideInputLM(TinyLM):
+    """:class:`TinyLM` whose layers each take a float32 side input beside the residual stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_SideBlock(DIM) for _ in range(LAYERS))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits of 1-D token ids; each layer also gets a float32 side input of the rows' positions."""
+        x = self.embed(tokens)
+        side = torch.arange(tokens.shape[0], dtype=torch.float32, device=tokens.device)[:, None].expand(-1, DIM)
+        for layer in self.layers:
+            x = layer(x, side / 8)
+        return self.head(x * self.scale)
