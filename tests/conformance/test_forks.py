@@ -52,7 +52,7 @@ from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance._fork_guards import GUARDS, LIKELY_CAUSES
 
 _FORK_FILES = sorted(
-    p.stem for p in (Path(__file__).parents[1] / "forks").glob("*.py") if p.stem not in ("__init__",)
+    p.stem for p in (Path(__file__).parents[1] / "forks").glob("*.py") if not p.stem.startswith("_")
 )
 
 
