@@ -333,3 +333,4 @@ def test_mesh_is_filled_as_the_process_group_or_device_list_a_wrapper_wants(
     names = ("wrapper.trains_like_one_process", "wrapper.ranks_stay_identical")
     report, table = _run(options, world_factory, names, (2,))
     assert [v.outcome for v in report.verdicts] == ["pass", "pass"], table
+

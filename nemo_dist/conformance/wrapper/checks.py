@@ -243,6 +243,11 @@ def no_sync_skips_reduction(world: WorldLike, impl: Implementation) -> None:
     results = world.run(ranks.accumulation, impl, seed, kind, _micro_batches(seed, kind, rows, world.size, 3))
     if results[0]["offered"] is None:
         raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
+    if not any(got["unsynced_reductions"] or got["reduced"] for got in results):
+        raise NotApplicable(
+            f"the profiler recorded no gradient reduction in the synced backward either (a world of {world.size}), "
+            "so that none ran under the context proves nothing"
+        )
     for rank, got in enumerate(results):
         ran = got["unsynced_reductions"]
         names = ", ".join(sorted({name for name, _ in ran}))
