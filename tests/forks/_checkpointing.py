@@ -15,7 +15,8 @@ checkpointing off:
 - ``FSDP2Manager`` and ``fsdp2_strategy_parallelize`` (``--fsdp2 MODULE``).
 
 Also the policy helpers the gallery shares: :func:`op_policy` (a
-selective-checkpoint context from a function of the op) and the matmul ops.
+selective-checkpoint context from a function of the op), the matmul ops and
+:data:`save_matmuls`, the save-matmuls policy's context.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-__all__ = ["MATMULS", "checkpointing_fork", "is_matmul", "op_policy", "select_blocks"]
+__all__ = ["MATMULS", "checkpointing_fork", "is_matmul", "op_policy", "save_matmuls", "select_blocks"]
 
 _aten = torch.ops.aten
 #: The matmul ops a linear layer or an attention product runs, as overloads' packets.
@@ -46,6 +47,14 @@ def is_matmul(op: Any) -> bool:
 def op_policy(choose: Callable[[Any, Any], CheckpointPolicy]) -> Callable[[], Any]:
     """A ``context_fn`` for torch's checkpoint: a selective-checkpoint context whose policy is ``choose(ctx, op)``."""
     return functools.partial(create_selective_checkpoint_contexts, lambda ctx, op, *args, **kwargs: choose(ctx, op))
+
+
+def _matmuls_saved(ctx: object, op: object) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if is_matmul(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+#: The ``context_fn`` of the save-matmuls policy: every matmul's output saved, every other op recomputed.
+save_matmuls = op_policy(_matmuls_saved)
 
 
 def select_blocks(model: nn.Module, scope: Any) -> list[tuple[nn.Module, str, nn.Module]]:

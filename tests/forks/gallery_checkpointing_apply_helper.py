@@ -16,17 +16,12 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
-from torch.utils.checkpoint import CheckpointPolicy
 
 from nemo_dist.distributed.fsdp2 import FSDP2Config, get_sync_ctx
-from tests.forks._checkpointing import checkpointing_fork, is_matmul, op_policy
+from tests.forks._checkpointing import checkpointing_fork, save_matmuls
 
 __all__ = ["DDPManager", "FSDP2Config", "FSDP2Manager", "fsdp2_strategy_parallelize", "get_sync_ctx",
            "parallelize_ddp", "wrap"]
-
-
-def _policy(ctx: object, op: object) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if is_matmul(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class _Holder(nn.Module):
@@ -39,7 +34,7 @@ class _Holder(nn.Module):
 
 def _checkpoint(block: nn.Module, mode: str) -> nn.Module:
     holder = _Holder(block)
-    extra = {"context_fn": op_policy(_policy)} if mode == "selective" else {}
+    extra = {"context_fn": save_matmuls} if mode == "selective" else {}
     apply_activation_checkpointing(
         holder, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, **extra), check_fn=lambda m: m is block
     )

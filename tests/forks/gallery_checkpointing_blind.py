@@ -17,17 +17,12 @@ from typing import Any
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils.checkpoint import CheckpointPolicy
 
 from nemo_dist.distributed.fsdp2 import FSDP2Config, get_sync_ctx
-from tests.forks._checkpointing import checkpointing_fork, is_matmul, op_policy
+from tests.forks._checkpointing import checkpointing_fork, save_matmuls
 
 __all__ = ["DDPManager", "FSDP2Config", "FSDP2Manager", "fsdp2_strategy_parallelize", "get_sync_ctx",
            "parallelize_ddp", "wrap"]
-
-
-def _policy(ctx: object, op: object) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if is_matmul(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class _Hidden(nn.Module):
@@ -45,7 +40,7 @@ class _Hidden(nn.Module):
 def _checkpoint(block: nn.Module, mode: str) -> nn.Module:
     for name, child in list(block.named_children()):
         setattr(block, name, _Hidden(child))
-    return checkpoint_wrapper(block, context_fn=op_policy(_policy)) if mode == "selective" else checkpoint_wrapper(block)
+    return checkpoint_wrapper(block, context_fn=save_matmuls) if mode == "selective" else checkpoint_wrapper(block)
 
 
 parallelize_ddp, DDPManager, wrap, FSDP2Manager, fsdp2_strategy_parallelize = checkpointing_fork(

@@ -14,21 +14,17 @@ import functools
 from typing import Any
 
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint
+from torch.utils.checkpoint import checkpoint
 
 from nemo_dist.distributed.fsdp2 import FSDP2Config, get_sync_ctx
-from tests.forks._checkpointing import checkpointing_fork, is_matmul, op_policy
+from tests.forks._checkpointing import checkpointing_fork, save_matmuls
 
 __all__ = ["DDPManager", "FSDP2Config", "FSDP2Manager", "fsdp2_strategy_parallelize", "get_sync_ctx",
            "parallelize_ddp", "wrap"]
 
 
-def _policy(ctx: object, op: object) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if is_matmul(op) else CheckpointPolicy.PREFER_RECOMPUTE
-
-
 def _checkpointed(original: Any, mode: str, *args: Any, **kwargs: Any) -> Any:
-    extra = {"context_fn": op_policy(_policy)} if mode == "selective" else {}
+    extra = {"context_fn": save_matmuls} if mode == "selective" else {}
     return checkpoint(original, *args, use_reentrant=False, **extra, **kwargs)
 
 

@@ -15,17 +15,12 @@ from typing import Any
 
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy
 
 from nemo_dist.distributed.fsdp2 import FSDP2Config, get_sync_ctx
-from tests.forks._checkpointing import checkpointing_fork, is_matmul, op_policy
+from tests.forks._checkpointing import checkpointing_fork, save_matmuls
 
 __all__ = ["DDPManager", "FSDP2Config", "FSDP2Manager", "fsdp2_strategy_parallelize", "get_sync_ctx",
            "parallelize_ddp", "wrap"]
-
-
-def _policy(ctx: object, op: object) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if is_matmul(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _input_requires_grad(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -37,7 +32,7 @@ def _input_requires_grad(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any,
 
 def _checkpoint(block: nn.Module, mode: str) -> nn.Module:
     if mode == "selective":
-        return checkpoint_wrapper(block, context_fn=op_policy(_policy))
+        return checkpoint_wrapper(block, context_fn=save_matmuls)
     wrapper = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.REENTRANT)
     wrapper.register_forward_pre_hook(_input_requires_grad)
     return wrapper

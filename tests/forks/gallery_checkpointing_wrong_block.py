@@ -14,17 +14,12 @@ from typing import Any
 
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy
 
 from nemo_dist.distributed.fsdp2 import FSDP2Config, get_sync_ctx
-from tests.forks._checkpointing import checkpointing_fork, is_matmul, op_policy, select_blocks
+from tests.forks._checkpointing import checkpointing_fork, save_matmuls, select_blocks
 
 __all__ = ["DDPManager", "FSDP2Config", "FSDP2Manager", "fsdp2_strategy_parallelize", "get_sync_ctx",
            "parallelize_ddp", "wrap"]
-
-
-def _policy(ctx: object, op: object) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if is_matmul(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _next_blocks(model: nn.Module, scope: Any) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -38,7 +33,7 @@ def _next_blocks(model: nn.Module, scope: Any) -> list[tuple[nn.Module, str, nn.
 
 
 def _checkpoint(block: nn.Module, mode: str) -> nn.Module:
-    return checkpoint_wrapper(block, context_fn=op_policy(_policy)) if mode == "selective" else checkpoint_wrapper(block)
+    return checkpoint_wrapper(block, context_fn=save_matmuls) if mode == "selective" else checkpoint_wrapper(block)
 
 
 parallelize_ddp, DDPManager, wrap, FSDP2Manager, fsdp2_strategy_parallelize = checkpointing_fork(
