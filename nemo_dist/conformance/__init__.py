@@ -38,6 +38,7 @@ from nemo_dist.conformance.profile import hypothesis_settings
 from nemo_dist.conformance.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
 from nemo_dist.conformance.report import format_report, write_junit_xml
 from nemo_dist.conformance.runner import run_case, run_check, run_checks
+from nemo_dist.conformance.suites import SUITE_PACKAGES
 from nemo_dist.conformance.target import (
     COMPONENTS,
     PRESETS,
@@ -82,15 +83,6 @@ __all__ = [
     "write_junit_xml",
 ]
 
-#: The suites whose import registers the bundled checks, in the order their checks are listed.
-SUITE_PACKAGES: tuple[str, ...] = (
-    "nemo_dist.conformance.gather",
-    "nemo_dist.conformance.ddp",
-    "nemo_dist.conformance.config",
-    "nemo_dist.conformance.real_models",
-    "nemo_dist.conformance.wrapper",
-    "nemo_dist.conformance.fsdp2",
-)
 
 
 def load_checks() -> dict[str, Check]:

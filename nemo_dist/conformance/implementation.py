@@ -89,6 +89,10 @@ class DDPWrapper:
         return call if self.output is None else f"{call}[{self.output}]"
 
 
+#: The fields of :class:`Implementation` holding the module of one of the engine's own components.
+_MODULE_FIELDS = frozenset({"gather", "ddp", "config", "fsdp2"})
+
+
 @dataclass(frozen=True)
 class Implementation:
     """What to check: module paths of the components, or one gather callable.
@@ -113,6 +117,9 @@ class Implementation:
     FSDP2 component (``FSDP2Config`` and an entry point of :data:`FSDP2_APIS`);
     ``fsdp2_sync_ctx`` (``"module:name"``) its ``get_sync_ctx`` where the module
     does not define one (upstream keeps it in ``components/distributed/utils.py``).
+    ``suite_options`` are the values of the options a suite declares for a
+    component of its own (:mod:`~nemo_dist.conformance.suites`): ``(field,
+    value)`` pairs, each value a text or a tuple of texts (:meth:`suite_option`).
     The object pickles as its strings.
     """
 
@@ -129,13 +136,20 @@ class Implementation:
     ddp_wrapper: DDPWrapper | None = None
     fsdp2: str | None = "nemo_dist.distributed.fsdp2"
     fsdp2_sync_ctx: str | None = None
+    suite_options: tuple[tuple[str, Any], ...] = ()
+
+    def suite_option(self, field: str, default: Any = None) -> Any:
+        """The value a suite's option ``field`` holds here (``default`` when not given)."""
+        return dict(self.suite_options).get(field, default)
 
     def module(self, component: str) -> ModuleType:
-        """Import and return the module of ``component`` ("gather", "ddp", "config" or "fsdp2").
+        """Import and return the module of ``component`` ("gather", "ddp", "config", "fsdp2" or a suite's field).
 
-        Raises ``NotSupported`` when that component is not part of this implementation.
+        A name that is no field of the class is a suite's module field, read
+        from ``suite_options``. Raises ``NotSupported`` when that component is
+        not part of this implementation.
         """
-        path = getattr(self, component)
+        path = getattr(self, component) if component in _MODULE_FIELDS else self.suite_option(component)
         if path is None:
             raise NotSupported(f"no {component} module was named")
         return importlib.import_module(path)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_dist.conformance.option_spec import COMMAND, PYTEST, Doc, Option, PytestVariant
+from nemo_dist.conformance.suites import suite_options
 
 __all__ = [
     "BY_FIELD",
@@ -47,7 +48,8 @@ _NAMES = "names"  # the README table "| option | what it names |"
 _WRAPPER = "wrapper"  # the README table "| option | what it says |" of --ddp-fn
 _COMMAND_ONLY = (COMMAND,)
 
-OPTIONS: tuple[Option, ...] = (
+#: What is checked: the engine's own components (a suite's own options follow them, see :data:`OPTIONS`).
+_TARGET_OPTIONS: tuple[Option, ...] = (
     Option(
         "--gather", metavar="MODULE", help="module with all_gather_with_grad and all_gather_no_grad",
         docs=(Doc(_NAMES, "a module with `all_gather_with_grad`, `all_gather_no_grad` (and `_AllGatherWithGrad` if "
@@ -234,6 +236,10 @@ OPTIONS: tuple[Option, ...] = (
         docs=(Doc(_NAMES, "all four, at upstream's module paths (install it with `pip install --no-deps "
                           "nemo-automodel==0.7.0`)"),),
     ),
+)
+
+#: How a run runs.
+_RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         "--world-sizes", metavar="SIZES", default=",".join(map(str, DEFAULT_WORLD_SIZES)),
         help="comma-separated world sizes (default %(default)s; ignored under torchrun)",
@@ -301,6 +307,10 @@ OPTIONS: tuple[Option, ...] = (
         front_ends=_COMMAND_ONLY, pytest_equivalent="-q", reproduce=False,
     ),
 )
+
+#: Every option: what is checked (the engine's components, then each suite's own options, declared in its
+#: ``options`` module: :mod:`nemo_dist.conformance.suites`), then how the run runs.
+OPTIONS: tuple[Option, ...] = (*_TARGET_OPTIONS, *suite_options(), *_RUN_OPTIONS)
 
 #: The options by field (``gather_fn``), as help texts and ``{opt:FIELD}`` name them.
 BY_FIELD: Mapping[str, Option] = {o.dest: o for o in OPTIONS}

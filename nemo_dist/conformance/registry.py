@@ -55,7 +55,9 @@ Tier = Literal["core", "extended"]
 
 #: Accepted values of ``tier`` when selecting checks.
 TIERS: tuple[str, ...] = ("core", "extended", "all")
-Component = Literal["gather", "ddp", "config", "wrapper", "fsdp2"]
+#: The engine's components ("gather", "ddp", "config", "wrapper", "fsdp2") or one a suite declares for itself
+#: (:mod:`~nemo_dist.conformance.suites`).
+Component = str
 
 
 class WorldLike(Protocol):

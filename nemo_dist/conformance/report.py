@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from nemo_dist.conformance.explain import Finding
-from nemo_dist.conformance.target import COMPONENTS, STANDALONE
+from nemo_dist.conformance.target import COMPONENTS, STANDALONE, SUITE_TARGETS
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict
 
 __all__ = ["format_progress", "format_report", "junit_xml", "reproduce_line", "write_junit_xml"]
@@ -107,6 +107,10 @@ def _header(report: Report, strict: bool) -> list[str]:
     """What was checked and how, then the run's notes and a blank line."""
     impl = report.impl
     labels = {"gather": impl.gather_label, "ddp": impl.ddp_label, "config": impl.config, "fsdp2": impl.fsdp2}
+    for component, target in SUITE_TARGETS.items():
+        labels[component] = next(
+            (_text(impl.suite_option(f)) for f in target.label_fields if impl.suite_option(f) is not None), None
+        )
     components = "  ".join(
         f"{name}={labels[name]}" + ("" if name in report.components else " (used, not checked)")
         for name in COMPONENTS
@@ -120,6 +124,11 @@ def _header(report: Report, strict: bool) -> list[str]:
         *report.notes,
         "",
     ]
+
+
+def _text(value: object) -> str:
+    """A suite option's value as a header shows it: a repeatable one's texts joined by commas."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def _shown(component: str, checked: tuple[str, ...]) -> bool:

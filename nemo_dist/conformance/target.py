@@ -20,13 +20,14 @@ the modules above it, the names that live below it: ``Implementation``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nemo_dist.conformance.callables import check_call, parse_gather_init, parse_gather_kwargs, parse_gather_output
 from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
 from nemo_dist.conformance.implementation import DDP_APIS, FSDP2_APIS, GROUP_PARAMETERS, DDPWrapper, Implementation
 from nemo_dist.conformance.importing import import_path, resolve_callable
+from nemo_dist.conformance.suites import SuiteTarget, suite_targets
 from nemo_dist.conformance.wrapping import validate_wrapper
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "PRESETS",
     "REFERENCE",
     "STANDALONE",
+    "SUITE_TARGETS",
     "WRAPPER",
     "Implementation",
     "MissingParameter",
@@ -55,10 +57,15 @@ __all__ = [
 #: Output forms of a ``--gather-fn`` callable ("auto": detected from each call's result).
 GATHER_FORMS: tuple[str, ...] = ("auto", "cat", "tuple", "stacked")
 
-#: The components an implementation can name, in the order checks and reports list them.
-COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config", "fsdp2")
+#: The components suites declare for themselves (:mod:`~nemo_dist.conformance.suites`), by component.
+SUITE_TARGETS: dict[str, SuiteTarget] = {target.component: target for target in suite_targets()}
+#: The components an implementation can name, in the order checks and reports list them: the engine's, then the
+#: suites' own.
+COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config", "fsdp2", *SUITE_TARGETS)
 #: Components whose module serves no other component's checks: imported and named only when checked themselves.
-STANDALONE: frozenset[str] = frozenset({"fsdp2"})
+STANDALONE: frozenset[str] = frozenset({"fsdp2", *SUITE_TARGETS})
+#: The option fields of every suite's own component.
+_SUITE_FIELDS: tuple[str, ...] = tuple(f for target in SUITE_TARGETS.values() for f in target.fields)
 #: The component of the behaviour checks of a ``--ddp-fn`` wrapper (checked with "ddp" when one is named).
 WRAPPER = "wrapper"
 
@@ -78,6 +85,7 @@ def resolve_implementation(
     ddp_wrapper: DDPWrapper | None = None,
     fsdp2: str | None = None,
     fsdp2_sync_ctx: str | None = None,
+    suite_options: Mapping[str, Any] | None = None,
 ) -> tuple[Implementation, tuple[str, ...]]:
     """The implementation the options name and the components to check.
 
@@ -90,7 +98,11 @@ def resolve_implementation(
     (:mod:`~nemo_dist.conformance.callables`). ``ddp_wrapper`` checks a
     ``--ddp-fn`` wrapper as the ddp component, with the :data:`WRAPPER` checks.
     ``fsdp2_sync_ctx`` (``module:name``) is the fsdp2 component's
-    ``get_sync_ctx`` where its module has none. Raises ``OptionError`` for a bad combination; nothing is imported here.
+    ``get_sync_ctx`` where its module has none. ``suite_options`` are the
+    values of the suites' own options (field -> value, None or empty when not
+    given): a suite's component is checked when any of its fields is given,
+    and a preset or the bundled run fills in what the suite declares for it.
+    Raises ``OptionError`` for a bad combination; nothing is imported here.
     """
     if gather_form not in GATHER_FORMS:
         raise OptionError(f"{{opt:gather_form}} expects one of {', '.join(GATHER_FORMS)}; got {gather_form!r}")
@@ -114,6 +126,8 @@ def resolve_implementation(
                 "called as the contract says)"
             )
     named = {c: p for c, p in (("gather", gather), ("ddp", ddp), ("config", config), ("fsdp2", fsdp2)) if p}
+    suite_given = _given_suite_options(suite_options or {})
+    suites_named = tuple(t.component for t in SUITE_TARGETS.values() if any(f in suite_given for f in t.fields))
     extra: dict[str, Any] = {
         "gather_fn": gather_fn,
         "no_grad_fn": no_grad_fn,
@@ -138,19 +152,47 @@ def resolve_implementation(
                 "or name the modules with {opt:gather}/{opt:ddp}/{opt:config}/{opt:fsdp2}"
             )
         base = PRESETS[preset]
-        paths = {c: named.get(c, getattr(base, c)) for c in COMPONENTS}
+        paths = {c: named.get(c, getattr(base, c)) for c in _ENGINE_COMPONENTS}
         extra.setdefault("fsdp2_sync_ctx", base.fsdp2_sync_ctx if "fsdp2" not in named else None)
-        return Implementation(**paths, **extra), (*COMPONENTS, *wrapped)
-    if not named:
+        preset_values = {  # the bundled preset checks what each suite bundles
+            f: v
+            for t in SUITE_TARGETS.values()
+            for f, v in t.presets.get(preset, t.reference if base is REFERENCE else {}).items()
+        }
+        extra["suite_options"] = _as_pairs({**preset_values, **suite_given})
+        impl = Implementation(**paths, **extra)
+        return impl, (*(c for c in checked_components(impl) if c != WRAPPER), *wrapped)
+    if not named and not suites_named:
         return REFERENCE, COMPONENTS
-    paths = {c: named.get(c, getattr(REFERENCE, c)) for c in COMPONENTS}
-    return Implementation(**paths, **extra), (*(c for c in COMPONENTS if c in named), *wrapped)
+    paths = {c: named.get(c, getattr(REFERENCE, c)) for c in _ENGINE_COMPONENTS}
+    extra["suite_options"] = _as_pairs(suite_given)
+    checked = (*(c for c in COMPONENTS if c in named or c in suites_named), *wrapped)
+    return Implementation(**paths, **extra), checked
+
+
+_ENGINE_COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config", "fsdp2")
+
+
+def _given_suite_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The suites' options that were given (not None, not an empty list), a repeatable one's list as a tuple."""
+    given: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None or value is False or (isinstance(value, (list, tuple)) and not value):
+            continue
+        given[name] = tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else value
+    return given
+
+
+def _as_pairs(values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """``values`` as :attr:`Implementation.suite_options` holds them: pairs in the suites' field order."""
+    order = {f: i for i, f in enumerate(_SUITE_FIELDS)}
+    return tuple(sorted(values.items(), key=lambda item: order.get(item[0], len(order))))
 
 
 #: The options naming what is checked, as :func:`implementation_from_options` reads them (their table fields).
 IMPLEMENTATION_OPTION_FIELDS: tuple[str, ...] = (
     "gather", "ddp", "config", "fsdp2", "preset", "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg",
-    "gather_output", "gather_init", "fsdp2_sync_ctx",
+    "gather_output", "gather_init", "fsdp2_sync_ctx", *_SUITE_FIELDS,
 )
 #: Option fields whose :func:`resolve_implementation` keyword has another name (the repeatable ones, plural).
 _KEYWORDS = {"gather_kwarg": "gather_kwargs"}
@@ -166,8 +208,10 @@ def implementation_from_options(
     is the ``--ddp-fn`` wrapper they name (``wrapping.wrapper_from_options``).
     Raises ``OptionError``, which each front end words in its own spelling.
     """
-    given = {_KEYWORDS.get(field, field): value(field) for field in IMPLEMENTATION_OPTION_FIELDS}
-    impl, components = resolve_implementation(**given, ddp_wrapper=ddp_wrapper)
+    engine_fields = [field for field in IMPLEMENTATION_OPTION_FIELDS if field not in _SUITE_FIELDS]
+    given = {_KEYWORDS.get(field, field): value(field) for field in engine_fields}
+    suites = {field: value(field) for field in _SUITE_FIELDS}
+    impl, components = resolve_implementation(**given, ddp_wrapper=ddp_wrapper, suite_options=suites)
     validate_implementation(impl, components)
     return impl, components
 
@@ -188,7 +232,10 @@ def validate_implementation(impl: Implementation, components: Sequence[str] = CO
     importing torch's FSDP2 costs about a second. Raises ``OptionError`` naming the option, the
     module and the remedy.
     """
-    for component in COMPONENTS:
+    for target in SUITE_TARGETS.values():
+        if target.component in components:
+            _validate_suite_target(target, impl)
+    for component in _ENGINE_COMPONENTS:
         path = getattr(impl, component)
         if path is None or (component in STANDALONE and component not in components):
             continue
@@ -230,8 +277,30 @@ def validate_implementation(impl: Implementation, components: Sequence[str] = CO
         validate_wrapper(impl.ddp_wrapper)
 
 
-#: The bundled implementation.
-REFERENCE = Implementation()
+def _validate_suite_target(target: SuiteTarget, impl: Implementation) -> None:
+    """Import a suite component's module (its required names defined) and run the suite's own validation."""
+    path = impl.suite_option(target.module_field) if target.module_field else None
+    if path is not None:
+        try:
+            module = import_path(path)
+        except OptionError as exc:
+            raise OptionError(
+                f"{{opt:{target.module_field}}} module {path!r} does not import: {exc.template}"
+            ) from None
+        missing = [n for n in target.required if not hasattr(module, n)]
+        if missing:
+            raise OptionError(
+                f"{{opt:{target.module_field}}} module {path!r} has no {', '.join(missing)}; "
+                f"a {target.component} module must define {', '.join(target.required)}"
+            )
+    if target.validate is not None:
+        resolve_callable(target.validate)(impl)
+
+
+#: The bundled implementation: the engine's modules and what each suite declares for its own component.
+REFERENCE = Implementation(
+    suite_options=_as_pairs({f: v for t in SUITE_TARGETS.values() for f, v in t.reference.items()})
+)
 
 #: Named module layouts, for ``--preset``.
 PRESETS = {
@@ -252,16 +321,21 @@ def import_components(impl: Implementation, components: Sequence[str] = COMPONEN
     A :data:`STANDALONE` component's module only where ``components`` (those
     whose checks run) include it.
     """
-    for component in COMPONENTS:
+    for component in _ENGINE_COMPONENTS:
         if getattr(impl, component) is not None and (component not in STANDALONE or component in components):
             impl.module(component)
+    for target in SUITE_TARGETS.values():
+        if target.component in components and target.module_field and impl.suite_option(target.module_field):
+            impl.module(target.module_field)
 
 
 def checked_components(impl: Implementation) -> tuple[str, ...]:
-    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config, fsdp2.
+    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config, fsdp2, suites'.
 
     A ``--ddp-fn`` wrapper is the ddp component, followed by :data:`WRAPPER`.
     """
     named = {"gather": impl.gather_named, "ddp": impl.ddp is not None or impl.ddp_wrapper is not None,
              "config": impl.config is not None, "fsdp2": impl.fsdp2 is not None}
+    for target in SUITE_TARGETS.values():
+        named[target.component] = any(impl.suite_option(f) is not None for f in target.fields)
     return (*(c for c in COMPONENTS if named[c]), *((WRAPPER,) if impl.ddp_wrapper is not None else ()))
