@@ -52,7 +52,9 @@ class SuiteTarget:
     ``validate`` (``"module:function"``, called as ``function(impl)`` in the
     parent before any world starts) imports what the fields name and raises
     ``OptionError`` naming the option at fault. ``repeatable`` fields hold a
-    tuple of texts.
+    tuple of texts. ``subject_fields`` name what is checked (a module, a
+    callable): a run that names the component by its other fields only
+    (a model to check on, say) checks the reference's subject.
     """
 
     component: str
@@ -64,6 +66,7 @@ class SuiteTarget:
     label_fields: tuple[str, ...] = ()
     validate: str | None = None
     repeatable: tuple[str, ...] = ()
+    subject_fields: tuple[str, ...] = ()
 
 
 _LOADED: list[ModuleType] | None = None

@@ -165,6 +165,9 @@ def resolve_implementation(
     if not named and not suites_named:
         return REFERENCE, COMPONENTS
     paths = {c: named.get(c, getattr(REFERENCE, c)) for c in _ENGINE_COMPONENTS}
+    for target in SUITE_TARGETS.values():
+        if target.component in suites_named and not any(f in suite_given for f in target.subject_fields):
+            suite_given.update({f: v for f, v in target.reference.items() if f in target.subject_fields})
     extra["suite_options"] = _as_pairs(suite_given)
     checked = (*(c for c in COMPONENTS if c in named or c in suites_named), *wrapped)
     return Implementation(**paths, **extra), checked

@@ -23,6 +23,7 @@ _DEMO = SuiteTarget(
     presets={"nemo_automodel": {"demo": "json"}},
     label_fields=("demo_fn", "demo"),
     repeatable=("demo_names",),
+    subject_fields=("demo", "demo_fn"),
 )
 
 
@@ -63,3 +64,11 @@ def test_naming_an_engine_component_leaves_the_suite_unchecked() -> None:
     impl, components = target.resolve_implementation(config="nemo_dist.distributed.config")
     assert components == ("config",)
     assert impl.suite_options == ()
+
+
+@pytest.mark.usefixtures("demo_suite")
+def test_naming_a_suite_by_its_other_fields_checks_the_reference_subject() -> None:
+    impl, components = target.resolve_implementation(suite_options={"demo_names": ["a"]})
+    assert components == ("demo",)
+    assert impl.suite_option("demo") == "nemo_dist.distributed.config"
+    assert impl.suite_option("demo_names") == ("a",)
