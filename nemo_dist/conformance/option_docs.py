@@ -15,13 +15,16 @@ from collections.abc import Mapping
 
 from nemo_dist.conformance.option_spec import Option
 from nemo_dist.conformance.options import OPTIONS
+from nemo_dist.conformance.suites import suite_tables
 
 __all__ = ["TABLES", "marked_tables", "render_readme", "render_table", "row_key"]
 
-#: The README option tables by marker name: the header of their second column.
+#: The README option tables by marker name: the header of their second column (a suite's own tables follow,
+#: declared in its options module: :func:`~nemo_dist.conformance.suites.suite_tables`).
 TABLES: Mapping[str, str] = {
     "names": "what it names",  # conformance/README.md: what the options name to check
     "wrapper": "what it says",  # conformance/README.md, "Any data-parallel wrapper": the --ddp-fn options
+    **suite_tables(),
 }
 
 _BLOCK = re.compile(r"(<!-- options:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /options:(?P=name) -->)", re.S)

@@ -6,6 +6,8 @@
 
 - ``OPTIONS``: its front-end options (:class:`~nemo_dist.conformance.option_spec.Option`
   entries), which join the one option table (:mod:`nemo_dist.conformance.options`);
+- ``TABLES``: README option tables of its own (marker name -> the header of
+  their second column), which its options' docs fill;
 - ``TARGET``: a :class:`SuiteTarget`, the component the suite checks and how
   its options name it: the engine then resolves, validates, imports, labels and
   presets that component as it does its own, with no edit to the engine.
@@ -24,7 +26,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["SUITE_PACKAGES", "SuiteTarget", "suite_option_modules", "suite_options", "suite_targets"]
+__all__ = [
+    "SUITE_PACKAGES",
+    "SuiteTarget",
+    "suite_option_modules",
+    "suite_options",
+    "suite_tables",
+    "suite_targets",
+]
 
 #: The suites whose import registers the bundled checks, in the order their checks are listed.
 SUITE_PACKAGES: tuple[str, ...] = (
@@ -105,3 +114,8 @@ def suite_options() -> tuple[Any, ...]:
 def suite_targets() -> tuple[SuiteTarget, ...]:
     """Every suite's declared :class:`SuiteTarget`, in :data:`SUITE_PACKAGES` order."""
     return tuple(module.TARGET for module in suite_option_modules() if getattr(module, "TARGET", None) is not None)
+
+
+def suite_tables() -> dict[str, str]:
+    """Every suite's README option tables (marker name -> second column's header), in :data:`SUITE_PACKAGES` order."""
+    return {name: header for module in suite_option_modules() for name, header in getattr(module, "TABLES", {}).items()}
