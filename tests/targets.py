@@ -28,6 +28,8 @@ UPSTREAM_MODULES = (
     "nemo_automodel.components.distributed.config",
     "nemo_automodel.components.distributed.fsdp2",
     "nemo_automodel.components.distributed.utils",
+    "nemo_automodel.components.distributed.parallelizer",
+    "nemo_automodel.components.distributed.tp_replicas",
 )
 
 _required = False

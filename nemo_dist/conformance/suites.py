@@ -43,6 +43,7 @@ SUITE_PACKAGES: tuple[str, ...] = (
     "nemo_dist.conformance.real_models",
     "nemo_dist.conformance.wrapper",
     "nemo_dist.conformance.fsdp2",
+    "nemo_dist.conformance.tp",
 )
 
 

@@ -191,6 +191,25 @@ GUARDS: dict[str, list[tuple[str, str]]] = {
         ("fsdp2.activation_checkpointing_recomputes_selected_layers",
          r"scope 'vision', rank \d: layers\.0 \(language group, not selected\) ran attn [1-9]"),
     ],
+    "broken_tp_chooser_ignores_explicit_plan": [
+        ("tp.explicit_plan_comes_first", r"sharded over tp: lm_head\.weight, model\.embed_tokens\.weight, .*; the "
+                                         r"explicit plan shards lm_head\.weight alone")
+    ],
+    "broken_tp_gathered_norm_keeps_shard": [
+        ("tp.forward_equals_unsharded", r"tiny-llama, sequence parallel: the target raised in forward on ranks 0, 1")
+    ],
+    "broken_tp_sp_norms_plain": [
+        ("tp.gradients_equal_unsharded", r"sequence parallel, rank \d: full gradients differ .*\n"
+                                         r"  model\.layers\.0\.input_layernorm\.weight plain: off by")
+    ],
+    "broken_tp_embedding_partial": [
+        ("tp.forward_equals_unsharded", r"tiny-llama, rank \d: logits \(DTensor \['Shard\(dim=2\)'\]\) differ")
+    ],
+    "broken_tp_head_untied": [("tp.tied_embeddings_stay_tied", r"the head's weight is no longer the embedding's")],
+    "broken_tp_head_counts_twice": [
+        ("tp.forward_equals_unsharded", r"RuntimeError: shape '\[2, 8, 2, 4\]' is invalid"),
+        ("tp.attention_head_counts_are_local", r"the target raised in forward"),
+    ],
 }
 #: Broken forks whose failures name a likely cause (world of 2), and the cause's first words.
 LIKELY_CAUSES = {
@@ -213,4 +232,8 @@ LIKELY_CAUSES = {
     "broken_fsdp2_checkpointing_scope_ignored": "a block the scope does not select is checkpointed",
     "broken_fsdp2_cast_forward_inputs_dropped": "the MixedPrecisionPolicy rebuilt or replaced before fully_shard",
     "broken_fsdp2_reduce_dtype_ignored": "mp_policy=None not made upstream's default policy",
+    "broken_tp_chooser_ignores_explicit_plan": "the plan chooser's order",
+    "broken_tp_sp_norms_plain": "replicated parameters' gradients are partial per rank",
+    "broken_tp_embedding_partial": "a row-wise layer's output handed on as per-rank partial sums",
+    "broken_tp_head_untied": "parallelize_module replaced the embedding's and the head's weights",
 }

@@ -68,7 +68,7 @@ def in_gate(case: Case, sizes: tuple[int, ...]) -> bool:
     """Whether the gate runs this case of the reference (the others are marked thorough).
 
     ``sizes`` are the selected world sizes. A ``sampled`` check (the
-    checkpointing checks) runs in the smallest of them with two ranks or more,
+    checkpointing checks, the tp checks) runs in the smallest of them it fits with two ranks or more,
     where it is thorough (the smallest selected one if none has); a ``once``
     check has a case that applies in one selected world only. So each check
     runs at least once whatever is selected.
@@ -77,7 +77,8 @@ def in_gate(case: Case, sizes: tuple[int, ...]) -> bool:
     if api and api != GATE_API and case.check.name not in MANAGER_CHECKS:
         return False
     if case.check.sampled:
-        return case.world_size == min((s for s in sizes if s >= 2), default=min(sizes))
+        fits = [s for s in sizes if case.check.applies_to(s)]
+        return case.world_size == min((s for s in fits if s >= 2), default=min(fits, default=0))
     return True
 
 

@@ -48,6 +48,7 @@ from nemo_dist.conformance import (
 from nemo_dist.conformance import select_checks as select
 from nemo_dist.conformance.gather.checks import FIXED_IN_PLACE_EXAMPLE
 from nemo_dist.conformance.profile import changed_profile
+from nemo_dist.conformance.target import SUITE_TARGETS
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance._fork_guards import GUARDS, LIKELY_CAUSES
 
@@ -63,11 +64,13 @@ def _component(module: str) -> str:
         ("ddp", ("DDPManager", "parallelize_ddp")),
         ("config", ("DDPConfig",)),
         ("fsdp2", ("FSDP2Manager", "fsdp2_strategy_parallelize")),
+        ("tp", ("parallelize_tp",)),
     ):
         if any(hasattr(fork, n) for n in names):
             return component
     raise AssertionError(
-        f"{module} provides none of all_gather_with_grad, DDPManager, parallelize_ddp, DDPConfig, FSDP2Manager"
+        f"{module} provides none of all_gather_with_grad, DDPManager, parallelize_ddp, DDPConfig, FSDP2Manager, "
+        "parallelize_tp"
     )
 
 
@@ -75,7 +78,9 @@ def _alone(fork: str) -> tuple[Implementation, tuple[str, ...]]:
     """The fork as its component, the bundled modules serving the others."""
     module = f"tests.forks.{fork}"
     component = _component(module)
-    paths = {c: getattr(REFERENCE, c) for c in COMPONENTS}
+    paths = {c: getattr(REFERENCE, c) for c in COMPONENTS if c not in SUITE_TARGETS}
+    if component in SUITE_TARGETS:  # a suite's own component: its module is a suite option
+        return Implementation(**paths, suite_options=((SUITE_TARGETS[component].module_field, module),)), (component,)
     return Implementation(**{**paths, component: module}), (component,)
 
 
@@ -206,14 +211,17 @@ def test_broken_fork_fails_its_guarding_check_with_a_readable_failure(fork: str,
 #: Broken forks left out of the cheap run of every check: their ranks crash in every backward, so each check
 #: would only replace the world again; the crash tests below prove what the tool makes of that crash.
 CRASHING = frozenset({"broken_gather_backward_segfaults"})
-#: Broken DDP and FSDP2 forks that are the reference with one config field handled wrong: their run of every check
-#: shows no more of the tool than broken_ddp_drops_bucket_cap's (broken_fsdp2_root_resharded's) does, and costs
-#: seconds each, so it is thorough (--thorough).
-ONE_FIELD_DDP_FORKS = frozenset(f for f in GUARDS if f.startswith(("broken_ddp_", "broken_fsdp2_"))) - {
+#: Broken DDP, FSDP2 and TP forks that are the reference with one field or one piece handled wrong: their run of
+#: every check shows no more of the tool than broken_ddp_drops_bucket_cap's (broken_fsdp2_root_resharded's,
+#: broken_tp_gathered_norm_keeps_shard's) does, and costs seconds each, so it is thorough (--thorough).
+ONE_FIELD_DDP_FORKS = frozenset(
+    f for f in GUARDS if f.startswith(("broken_ddp_", "broken_fsdp2_", "broken_tp_"))
+) - {
     "broken_ddp_drops_bucket_cap",
     "broken_ddp_forward_sync_buffers",
     "broken_ddp_no_checkpointing",
     "broken_fsdp2_root_resharded",
+    "broken_tp_gathered_norm_keeps_shard",
 }
 
 

@@ -20,6 +20,11 @@ from tests.conformance._cli import run_command
 load_checks()
 #: Every core FSDP2 check: each runs with no process group or in a world of 1 or 2 ranks, so each must pass there.
 FSDP2_CHECKS = {name for name, check in CHECKS.items() if check.component == "fsdp2" and check.tier == "core"}
+#: Every core tp check that runs in a world of 2 (the 2-D one needs 4).
+TP_CHECKS = {
+    name for name, check in CHECKS.items()
+    if check.component == "tp" and check.tier == "core" and check.applies_to(2)
+}
 #: The check of fsdp2_strategy_parallelize's defaults, which upstream's fsdp2 module does not define.
 FUNCTIONAL = "fsdp2.functional_entry_point_keeps_upstream_defaults"
 
@@ -50,3 +55,33 @@ def test_released_upstream_conforms_on_the_core_tier() -> None:
     assert passed == FSDP2_CHECKS - {FUNCTIONAL}, result.stdout
     unsupported = rf"^{re.escape(FUNCTIONAL)}\s+2\s+core\s+NOT SUPPORTED"
     assert re.search(unsupported, result.stdout, re.MULTILINE), result.stdout
+    # Upstream's tensor-parallel plans too, through its parallelizer, its replica sync declared by the preset.
+    assert "tp=nemo_automodel.components.distributed.parallelizer" in result.stdout, result.stdout
+    tp_passed = set(re.findall(r"^(tp\.\w+)\s+2\s+core\s+PASS", result.stdout, re.MULTILINE))
+    assert tp_passed == TP_CHECKS, result.stdout
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize(
+    ("options", "verdict"),
+    [
+        pytest.param(("--tp", "nemo_automodel.components.distributed.parallelizer"), "FAIL", id="without-sync"),
+        pytest.param(("--preset", "nemo_automodel"), "PASS", id="preset-declares-sync"),
+    ],
+)
+def test_upstream_qwen3_q_norm_gradients_need_its_replica_sync(options: tuple[str, ...], verdict: str) -> None:
+    """Upstream's parallelizer on Qwen3 leaves the per-head norms' gradients partial per rank until its training
+    recipe's ``synchronize_tp_replica_gradients``: without that step declared the gradient check fails naming a
+    missing replica sync; the preset declares it and the check passes."""
+    for module in (*targets.UPSTREAM_MODULES, "transformers"):
+        targets.import_target(module)
+    result = run_command(
+        *options, "--tp-model", "tests.forks.gallery_tp_hf_plan:qwen3", "--check", "tp.gradients_equal_unsharded",
+        "--world-sizes", "2", "-q", timeout=600,
+    )
+    assert re.search(rf"^tp\.gradients_equal_unsharded\s+2\s+core\s+{verdict}", result.stdout, re.MULTILINE), (
+        result.stdout + result.stderr
+    )
+    if verdict == "FAIL":
+        assert "q_norm.weight" in result.stdout, result.stdout
+        assert "a missing replica sync" in result.stdout, result.stdout

@@ -1,0 +1,179 @@
+"""Layer 2: gloo worlds of 2 ranks. The gallery of tensor-parallel plans (``tests/forks/gallery_tp_*``).
+
+Each plan re-expresses one public pattern (its docstring names it;
+``conformance/README.md`` has the table), correct or broken. A row runs as
+``nemo-dist-conformance --tp-plan ... [--tp-model ...]`` runs it, the tp
+checks only, and every test of that row reads its one report. In the gate
+a broken row runs the checks guarding its bug (the others are ``thorough``),
+and must fail exactly those it lists there, naming its cause; a correct row
+runs every tp check and conforms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.report import format_report
+from nemo_dist.conformance.target import resolve_implementation, validate_implementation
+from nemo_dist.conformance.tp.causes import CAUSES, MULTIPLIED, REPLICA_SYNC
+from nemo_dist.testing.plugin import WorldFactory
+from tests import targets
+
+G = "tests.forks.gallery_tp_"
+FORWARD, GRADIENTS, TRAINS = "tp.forward_equals_unsharded", "tp.gradients_equal_unsharded", "tp.trains_like_one_process"
+LOSS, TIED, HEADS = "tp.loss_on_sharded_logits_equals_unsharded", "tp.tied_embeddings_stay_tied", (
+    "tp.attention_head_counts_are_local"
+)
+PLACEMENTS, SEQUENCE = "tp.placements_are_consistent", "tp.sequence_length_not_divisible_refused_or_correct"
+#: Every tp check a plan gets a verdict on in a world of 2 (the chooser's and the indivisible heads' are not
+#: applicable to a plan, or in that world).
+JUDGED = frozenset({FORWARD, GRADIENTS, TRAINS, LOSS, TIED, HEADS, PLACEMENTS, SEQUENCE})
+#: What a plan raising in forward on every rank fails: every check but the uneven sequence's, where refusing on
+#: every rank is one of the two right answers.
+REFUSED = JUDGED - {SEQUENCE}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A plan (``MODULE:NAME`` under ``tests.forks``), its model factory if not the suite's, the tp checks it fails,
+    the part of the likely cause the ``guards`` (the failing checks the gate runs) must name, and whether it
+    needs transformers."""
+
+    plan: str
+    model: str | None = None
+    failing: frozenset[str] = frozenset()
+    guards: frozenset[str] = frozenset()
+    cause: str | None = None
+    transformers: bool = False
+
+
+def _cause(text: str) -> str:
+    return text.split(":")[0].split(" (")[0]
+
+
+_QWEN3 = G + "hf_plan:qwen3"
+#: Row id -> row: correct plans, then broken ones.
+GALLERY: dict[str, Row] = {
+    "megatron_fg": Row("megatron_fg:plan"),
+    "mlp_only_dict": Row("mlp_only:PLAN"),
+    "tied_colwise_embedding": Row("tied_colwise_embedding:plan"),
+    "hf_plan_qwen3": Row("hf_plan:plan", _QWEN3, transformers=True),
+    # Correct on sequences TP divides; an uneven one aborts a rank in gloo (a collective size mismatch).
+    "torchtitan": Row("torchtitan:plan", failing=frozenset({SEQUENCE}), guards=frozenset({SEQUENCE})),
+    "no_input_grad_allreduce": Row(
+        "no_input_grad_allreduce:plan", failing=frozenset({GRADIENTS, TRAINS, SEQUENCE}),
+        guards=frozenset({GRADIENTS}), cause=_cause(CAUSES["gradients_equal_unsharded"]),
+    ),
+    "allreduce_twice": Row(
+        "allreduce_twice:plan", failing=frozenset({GRADIENTS, TRAINS, SEQUENCE}), guards=frozenset({GRADIENTS}),
+        cause=_cause(CAUSES["gradients_equal_unsharded"]),
+    ),
+    "sp_norms_plain": Row(
+        "sp_norms_plain:plan", failing=frozenset({GRADIENTS, TRAINS, SEQUENCE}), guards=frozenset({GRADIENTS}),
+        cause=_cause(REPLICA_SYNC),
+    ),
+    "rowwise_partial": Row(
+        "rowwise_partial:plan", failing=frozenset({FORWARD, GRADIENTS, TRAINS, LOSS, SEQUENCE}),
+        guards=frozenset({FORWARD}), cause=_cause(CAUSES["forward_equals_unsharded"]),
+    ),
+    "local_vocab_logits": Row(
+        "local_vocab_logits:plan", failing=REFUSED, guards=frozenset({FORWARD}),
+        cause="the plan fails at tensor-parallel size 2: ValueError: logits of shape (2, 8, 16) where the unsharded "
+        "model gives (2, 8, 32)",
+    ),
+    "untied": Row(
+        "untied:plan", failing=frozenset({TIED, GRADIENTS, TRAINS, SEQUENCE}), guards=frozenset({TIED}),
+        cause=_cause(CAUSES["tied_embeddings_stay_tied"]),
+    ),
+    "sequence_tiled": Row(
+        "sequence_tiled:plan", failing=frozenset({GRADIENTS, TRAINS, SEQUENCE}), guards=frozenset({GRADIENTS}),
+        cause=MULTIPLIED.format(size=2).split(" (")[0],
+    ),
+    "bias_before_allreduce": Row(
+        "bias_before_allreduce:plan", G + "bias_before_allreduce:model",
+        failing=frozenset({FORWARD, GRADIENTS, TRAINS, LOSS, SEQUENCE}), guards=frozenset({FORWARD}),
+        cause=_cause(CAUSES["forward_equals_unsharded"]),
+    ),
+    "qk_norm_not_summed": Row(
+        "qk_norm_not_summed:plan", _QWEN3, failing=frozenset({GRADIENTS, TRAINS, SEQUENCE}),
+        guards=frozenset({GRADIENTS}), cause=_cause(REPLICA_SYNC), transformers=True,
+    ),
+    "heads_halved_replicated": Row(
+        "heads_halved_replicated:plan", failing=REFUSED, guards=frozenset({FORWARD, HEADS}),
+        cause="the plan fails at tensor-parallel size 2: RuntimeError: shape '[2, 8, 4, 4]' is invalid",
+    ),
+    "fused_qkv_naive": Row(
+        "fused_qkv_naive:plan", G + "fused_qkv_naive:phi3", failing=REFUSED, guards=frozenset({FORWARD}),
+        cause="the plan fails at tensor-parallel size 2: RuntimeError: The size of tensor a", transformers=True,
+    ),
+}
+#: Correct rows whose run shows nothing the gate's correct rows do not: thorough.
+THOROUGH = frozenset({"tied_colwise_embedding", "torchtitan"})
+
+_REPORTS: dict[tuple[str, bool], tuple[Report, str]] = {}
+
+
+def _report(name: str, whole: bool, world_factory: WorldFactory) -> tuple[Report, str]:
+    """Row ``name``'s one report in this process: every tp check (``whole``) or its guards alone, in a world of 2."""
+    key = (name, whole)
+    if key not in _REPORTS:
+        row = GALLERY[name]
+        if row.transformers:
+            targets.import_target("transformers")
+        options = {"tp_plan": G + row.plan, "tp_model": row.model}
+        impl, components = resolve_implementation(suite_options=options)
+        validate_implementation(impl, components)
+        checks = select_checks(load_checks().values(), impl, "all", None, components)
+        if not whole:
+            checks = [c for c in checks if c.name in row.guards]
+        report = run_checks(checks, impl, (2,), worlds=world_factory, components=components)
+        _REPORTS[key] = (report, format_report(report))
+    return _REPORTS[key]
+
+
+def _params(names: list[str], *, thorough: frozenset[str] = frozenset()) -> list[object]:
+    return [
+        pytest.param(
+            n, id=n,
+            marks=[pytest.mark.xdist_group(name=f"tp_gallery_{n}"), *([pytest.mark.thorough] if n in thorough else [])],
+        )
+        for n in names
+    ]
+
+
+_BROKEN = [n for n, row in GALLERY.items() if row.guards]
+_CORRECT = [n for n, row in GALLERY.items() if not row.failing]
+
+
+@pytest.mark.parametrize("name", _params(_CORRECT, thorough=THOROUGH))
+def test_correct_plan_conforms_on_every_tp_check(name: str, world_factory: WorldFactory) -> None:
+    """A correct plan passes every tp check that applies in a world of 2, whatever its placements or style."""
+    report, table = _report(name, True, world_factory)
+    assert report.exit_code() == 0, table
+    passed = {v.check for v in report.verdicts if v.outcome == "pass"}
+    assert passed >= {FORWARD, GRADIENTS, TRAINS, LOSS, PLACEMENTS}, table
+
+
+@pytest.mark.parametrize("name", _params(_BROKEN))
+def test_broken_plan_fails_its_guards_naming_the_cause(name: str, world_factory: WorldFactory) -> None:
+    """The checks guarding a row's bug fail, each naming the row's likely cause (or carrying the plan's error)."""
+    row = GALLERY[name]
+    report, table = _report(name, False, world_factory)
+    failed = {v.check for v in report.verdicts if v.failed}
+    assert failed == row.guards, table
+    if row.cause is not None:
+        assert all(row.cause in (v.cause or "") for v in report.verdicts if v.failed), table
+    assert not [v for v in report.verdicts if v.outcome == "hang"], table
+
+
+@pytest.mark.parametrize("name", _params(_BROKEN, thorough=frozenset(_BROKEN)))
+def test_plan_fails_exactly_its_stated_checks(name: str, world_factory: WorldFactory) -> None:
+    """Every tp check run, a row fails exactly the checks it states, none hanging."""
+    row = GALLERY[name]
+    report, table = _report(name, True, world_factory)
+    assert {v.check for v in report.verdicts if v.failed} == row.failing, table
+    assert report.exit_code() == (1 if row.failing else 0), table
+    assert not [v for v in report.verdicts if v.outcome == "hang"], table
