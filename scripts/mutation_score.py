@@ -63,6 +63,7 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
         "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
     ),
     "nemo_dist/distributed/fsdp2.py": ("--fsdp2", "nemo_dist.distributed.fsdp2"),
+    "nemo_dist/distributed/tensor_parallel.py": ("--tp", "nemo_dist.distributed.tensor_parallel"),
 }
 
 #: How an EXPLAINED reason says the mutant changes only what a CPU run cannot observe.

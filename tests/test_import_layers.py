@@ -215,12 +215,12 @@ COMPONENTS = ("nemo_dist.loss", "nemo_dist.distributed")
 #: The layers of nemo_dist.conformance, bottom to top (docs/ARCHITECTURE.md); a package stands for its modules.
 CONFORMANCE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("errors", "symbols", "signature", "explain", "profile", "thread_warnings", "needs_gpu",
-                     "option_spec", "options")),
+                     "option_spec", "suites", "options")),
     ("what is checked", ("implementation", "importing")),
     ("how it is called", ("callables", "wrapping")),
     ("options resolved", ("target",)),
     ("running", ("deadlines", "registry", "verdicts", "lanes", "report", "runner", "inworld")),
-    ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2")),
+    ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2", "tp")),
     ("the package", ("",)),
     ("front ends", ("arguments", "option_docs", "cli", "__main__", "pytest_plugin", "rank_preload")),
 )

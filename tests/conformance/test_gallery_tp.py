@@ -177,3 +177,23 @@ def test_plan_fails_exactly_its_stated_checks(name: str, world_factory: WorldFac
     assert {v.check for v in report.verdicts if v.failed} == row.failing, table
     assert report.exit_code() == (1 if row.failing else 0), table
     assert not [v for v in report.verdicts if v.outcome == "hang"], table
+
+
+@pytest.mark.parametrize(
+    "tp_input",
+    [pytest.param(None, id="features-by-default"), pytest.param(G + "mlp_only:scaled_features", id="tp-input")],
+)
+def test_a_model_starting_with_a_linear_is_fed_features_or_the_declared_input(
+    tp_input: str | None, world_factory: WorldFactory
+) -> None:
+    """``--tp-model`` of a model whose first layer is a Linear conforms under its plan dict, fed float64 features
+    (the default) or what ``--tp-input`` makes."""
+    options = {"tp_plan": G + "mlp_only:FEATURE_PLAN", "tp_model": G + "mlp_only:feature_mlp", "tp_input": tp_input}
+    impl, components = resolve_implementation(suite_options=options)
+    validate_implementation(impl, components)
+    checks = [c for c in select_checks(load_checks().values(), impl, "all", None, components)
+              if c.name in {FORWARD, GRADIENTS, TRAINS}]
+    report = run_checks(checks, impl, (2,), worlds=world_factory, components=components)
+    table = format_report(report)
+    assert [v.outcome for v in report.verdicts] == ["pass"] * 3, table
+    assert "tp=" + G + "mlp_only:FEATURE_PLAN" in table, table
