@@ -43,6 +43,7 @@ __all__ = [
     "Check",
     "Suite",
     "WorldLike",
+    "WorldRule",
     "cases",
     "check",
     "register_suite",
@@ -73,6 +74,15 @@ class WorldLike(Protocol):
 
 
 @dataclass(frozen=True)
+class WorldRule:
+    """A condition on a world's size beyond a check's range: ``fits(size)``, and ``reason`` (``{size}`` filled in),
+    what a report says of a world that does not fit (a model whose heads a world of 3 cannot split, say)."""
+
+    fits: Callable[[int], bool]
+    reason: str
+
+
+@dataclass(frozen=True)
 class Check:
     """One named property of the contract, runnable against any implementation."""
 
@@ -94,6 +104,8 @@ class Check:
     #: True: the check runs in every world, its whole matrix in the world of one and in the run's smallest world of
     #: two ranks or more, a sample of it in the others (the check asks :func:`thorough`).
     sampled: bool = False
+    #: A condition on the world's size beyond ``min_world``/``max_world`` (None: none).
+    rule: WorldRule | None = None
 
     @property
     def description(self) -> str:
@@ -104,7 +116,8 @@ class Check:
         """Whether this check runs in a world of ``world_size`` ranks (a world-less check: in none)."""
         if not self.needs_world:
             return False
-        return world_size >= self.min_world and (self.max_world is None or world_size <= self.max_world)
+        in_range = world_size >= self.min_world and (self.max_world is None or world_size <= self.max_world)
+        return in_range and (self.rule is None or self.rule.fits(world_size))
 
     def variants(self, impl: Implementation) -> list[tuple[str, Implementation]]:
         """``(name, implementation)`` for each run of this check against ``impl``.
@@ -140,6 +153,7 @@ def check(
     preload: tuple[str, ...] = (),
     once: bool = False,
     sampled: bool = False,
+    rule: WorldRule | None = None,
 ) -> Callable[[Callable[[Any, Implementation], None]], Check]:
     """Register the decorated function as the check ``name``; returns the ``Check``.
 
@@ -148,13 +162,14 @@ def check(
     forked imports once for all of them (see ``nemo_dist.testing.World``).
     ``once``: a run checks it in one world only, the smallest it fits.
     ``sampled``: a run checks its whole matrix in two worlds, a sample in the others (:func:`thorough`).
+    ``rule``: a condition on the world's size beyond the range (:class:`WorldRule`).
     """
 
     def register(fn: Callable[[Any, Implementation], None]) -> Check:
         if name in CHECKS:
             raise ValueError(f"conformance check {name!r} is registered twice")
         CHECKS[name] = Check(
-            name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload, once, sampled
+            name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload, once, sampled, rule
         )
         return CHECKS[name]
 

@@ -91,6 +91,8 @@ def run_check(check: Check, world: WorldLike | None, impl: Implementation, *, na
     if world is not None and not check.applies_to(size):
         if not check.needs_world:
             return verdict("not applicable", "needs no process group: runs once, outside the worlds")
+        if check.rule is not None and not check.rule.fits(size):
+            return verdict("not applicable", check.rule.reason.format(size=size))
         if check.max_world == check.min_world:
             limit = f"of {check.min_world} rank" + ("s" if check.min_world > 1 else "")
         else:
