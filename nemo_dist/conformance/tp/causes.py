@@ -11,9 +11,25 @@ import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-from nemo_dist.conformance.registry import check
+from nemo_dist.conformance.registry import WorldRule, check
 
-__all__ = ["CAUSES", "MULTIPLIED", "REPLICA_SYNC", "failure", "tp_check"]
+__all__ = ["CAUSES", "KV_HEADS", "MULTIPLIED", "REPLICA_SYNC", "SPLITS", "failure", "tp_check"]
+
+#: Key-value heads of the suite's model and of the tiny transformers configs: a world they do not divide cannot
+#: hold one tensor-parallel group of them.
+KV_HEADS = 4
+
+
+def _heads_split(size: int) -> bool:
+    return KV_HEADS % size == 0
+
+
+#: The worlds a tensor-parallel group of the whole world fits the checked models' heads in.
+SPLITS = WorldRule(
+    _heads_split,
+    f"the checked models' {KV_HEADS} key-value heads do not split over {{size}} ranks "
+    "(tp.indivisible_heads_refused_on_every_rank checks such a world)",
+)
 
 _PRELOAD = ("torch.distributed.tensor.parallel",)
 
@@ -76,11 +92,13 @@ def tp_check(
     preload: tuple[str, ...] = (),
     sampled: bool = True,
     once: bool = False,
+    rule: WorldRule | None = SPLITS,
 ) -> Callable[[Callable[..., None]], Any]:
     """Register check ``tp.NAME`` (see the module docstring); its failures name ``CAUSES[NAME]``.
 
-    ``sampled``: the whole matrix of models and variants in a world of one and in the run's smallest world of
-    two or more ranks, a sample elsewhere (:data:`~nemo_dist.conformance.tp.checks.SAMPLE`).
+    ``rule``: the worlds it runs in (default :data:`SPLITS`). ``sampled``: the whole matrix of models and
+    variants in a world of one and in the run's smallest world of two or more ranks, a sample elsewhere
+    (:data:`~nemo_dist.conformance.tp.checks.SAMPLE`).
     """
     cause = CAUSES[name.removeprefix("tp.")]
 
@@ -96,7 +114,7 @@ def tp_check(
 
         return check(
             name, tier=tier, component="tp", preload=(*_PRELOAD, *preload), min_world=min_world,
-            max_world=max_world, sampled=sampled, once=once,
+            max_world=max_world, sampled=sampled, once=once, rule=rule,
         )(explained)
 
     return register

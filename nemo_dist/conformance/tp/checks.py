@@ -25,7 +25,7 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, thorough
 from nemo_dist.conformance.tp import ranks
-from nemo_dist.conformance.tp.causes import MULTIPLIED, REPLICA_SYNC, failure, tp_check
+from nemo_dist.conformance.tp.causes import KV_HEADS, MULTIPLIED, REPLICA_SYNC, failure, tp_check
 from nemo_dist.conformance.tp.target import OWN_MODELS, model_names
 
 __all__ = [
@@ -38,9 +38,6 @@ __all__ = [
     "trains_like_one_process",
 ]
 
-#: Key-value heads of the suite's model and of the tiny transformers configs: a world they do not divide cannot
-#: hold one tensor-parallel group of them.
-KV_HEADS = 4
 #: The optimizer steps of every run: the checks of one model and variant share its one run (:func:`each_run`).
 STEPS = (("sgd", 1), ("adam", 2))
 #: What a sampled world (:func:`~nemo_dist.conformance.registry.thorough` False) runs of the suite's own models:
@@ -85,14 +82,21 @@ class Unbuilt(Exception):
     """A model the suite could not build (its class does not fit the tiny config): no verdict on the target."""
 
 
-def matrix(world_size: int, impl: Implementation) -> list[tuple[str, bool]]:
-    """(model, sequence_parallel) pairs a check runs in a world of ``world_size``: every model that splits over it,
-    each variant; in a sampled world, of the suite's own models only :data:`SAMPLE`."""
-    pairs = [(m, sp) for m in model_names(impl) if splits(world_size, m) for sp in variants(impl)]
-    if thorough():
-        return pairs
-    sample = (SAMPLE[0], SAMPLE[1] and len(variants(impl)) > 1)
-    return [(m, sp) for m, sp in pairs if m not in OWN_MODELS or (m, sp) == sample]
+def matrix(world_size: int, impl: Implementation, *, only: tuple[str, bool] | None = None) -> list[tuple[str, bool]]:
+    """(model, sequence_parallel) pairs a check runs in a world of ``world_size``, each model splitting over it.
+
+    Every ``--tp-arch`` class and a ``--tp-model`` in each variant; of the
+    suite's own models, the untied one in each variant and the tied one with
+    sequence parallelism on where a module offers it (a tie does not depend
+    on it), both as they are for a plan. In a sampled world, or where a
+    check names ``only`` such a pair, that one pair of the suite's own models.
+    """
+    sp = max(variants(impl))
+    own = [(OWN_MODELS[0], v) for v in variants(impl)] + [(OWN_MODELS[1], sp)]
+    if only is not None or not thorough():
+        own = [only or (SAMPLE[0], SAMPLE[1] and sp)]
+    others = [(m, v) for m in model_names(impl) if m not in OWN_MODELS for v in variants(impl)]
+    return [(m, v) for m, v in [*own, *others] if m in model_names(impl) and splits(world_size, m)]
 
 
 def each_run(world: WorldLike, impl: Implementation, **spec: Any) -> list[tuple[str, list[dict[str, Any]]]]:

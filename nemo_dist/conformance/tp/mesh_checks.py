@@ -14,8 +14,8 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.conformance.tp import ranks
-from nemo_dist.conformance.tp.causes import tp_check
-from nemo_dist.conformance.tp.checks import KV_HEADS, STEPS, assert_trained, label, matrix, reports, variants
+from nemo_dist.conformance.tp.causes import KV_HEADS, tp_check
+from nemo_dist.conformance.tp.checks import STEPS, assert_trained, label, matrix, reports, variants
 from nemo_dist.conformance.tp.target import OWN_MODELS
 
 __all__ = [
@@ -26,13 +26,13 @@ __all__ = [
 ]
 
 
-@tp_check("tp.sequence_length_not_divisible_refused_or_correct", min_world=2)
+@tp_check("tp.sequence_length_not_divisible_refused_or_correct", min_world=2, sampled=False, once=True)
 def sequence_length_not_divisible_refused_or_correct(world: WorldLike, impl: Implementation) -> None:
     """A sequence one token longer than a multiple of TP: refused on every rank, or logits and gradients correct."""
     seq = 2 * world.size + 1
     checked = 0
     sequence_parallel = max(variants(impl))  # a module's plans with it on; a plan as it is
-    for model, sp in matrix(world.size, impl):
+    for model, sp in matrix(world.size, impl, only=(OWN_MODELS[0], sequence_parallel)):
         if sp == sequence_parallel:
             found = world.run(ranks.run, impl, {"model": model, "sp": sp, "seq": seq})
             where = f"{label(model, sp)}, sequence of {seq} over {world.size} ranks"
@@ -57,7 +57,7 @@ def sequence_length_not_divisible_refused_or_correct(world: WorldLike, impl: Imp
 @tp_check("tp.fsdp2_on_a_dp_tp_mesh_trains_like_one_process", min_world=4, max_world=4)
 def fsdp2_on_a_dp_tp_mesh_trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     """On dp 2 x tp 2 with FSDP2 over dp_shard: outputs, gradients and parameters after steps equal one process's."""
-    for model, sp in matrix(world.size, impl):
+    for model, sp in matrix(world.size, impl, only=(OWN_MODELS[1], max(variants(impl)))):
         where = label(model, sp, dp=2)
         found = reports(world, impl, model, sp, dp=2, steps=STEPS)
         for rank, report in enumerate(found):
@@ -72,7 +72,9 @@ def fsdp2_on_a_dp_tp_mesh_trains_like_one_process(world: WorldLike, impl: Implem
         assert_trained(where, found)
 
 
-@tp_check("tp.indivisible_heads_refused_on_every_rank", tier="extended", min_world=3, max_world=3, sampled=False)
+@tp_check(
+    "tp.indivisible_heads_refused_on_every_rank", tier="extended", min_world=3, max_world=3, sampled=False, rule=None
+)
 def indivisible_heads_refused_on_every_rank(world: WorldLike, impl: Implementation) -> None:
     """In a world of 3, which does not divide the suite's model's heads, parallelizing it raises on every rank."""
     model = OWN_MODELS[0]
