@@ -48,6 +48,8 @@ class Row:
     guards: frozenset[str] = frozenset()
     cause: str | None = None
     transformers: bool = False
+    #: It loads through transformers' own TP, which needs accelerate (not a gate target: skipped without it).
+    accelerate: bool = False
 
 
 def _cause(text: str) -> str:
@@ -61,6 +63,9 @@ GALLERY: dict[str, Row] = {
     "mlp_only_dict": Row("mlp_only:PLAN"),
     "tied_colwise_embedding": Row("tied_colwise_embedding:plan"),
     "hf_plan_qwen3": Row("hf_plan:plan", _QWEN3, transformers=True),
+    "hf_from_pretrained_qwen3": Row(
+        "hf_from_pretrained:plan", G + "hf_from_pretrained:qwen3", transformers=True, accelerate=True
+    ),
     # Correct on sequences TP divides; an uneven one aborts a rank in gloo (a collective size mismatch).
     "torchtitan": Row("torchtitan:plan", failing=frozenset({SEQUENCE}), guards=frozenset({SEQUENCE})),
     "no_input_grad_allreduce": Row(
@@ -123,6 +128,8 @@ def _report(name: str, whole: bool, world_factory: WorldFactory) -> tuple[Report
         row = GALLERY[name]
         if row.transformers:
             targets.import_target("transformers")
+        if row.accelerate:
+            pytest.importorskip("accelerate", reason="transformers' TP loading needs accelerate (not a gate target)")
         options = {"tp_plan": G + row.plan, "tp_model": row.model}
         impl, components = resolve_implementation(suite_options=options)
         validate_implementation(impl, components)

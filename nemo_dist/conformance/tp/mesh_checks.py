@@ -16,7 +16,7 @@ from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, tp_check
 from nemo_dist.conformance.tp.checks import STEPS, assert_trained, label, matrix, reports, variants
-from nemo_dist.conformance.tp.target import OWN_MODELS
+from nemo_dist.conformance.tp.target import OWN_MODELS, model_names
 
 __all__ = [
     "explicit_plan_comes_first",
@@ -76,8 +76,9 @@ def fsdp2_on_a_dp_tp_mesh_trains_like_one_process(world: WorldLike, impl: Implem
     "tp.indivisible_heads_refused_on_every_rank", tier="extended", min_world=3, max_world=3, sampled=False, rule=None
 )
 def indivisible_heads_refused_on_every_rank(world: WorldLike, impl: Implementation) -> None:
-    """In a world of 3, which does not divide the suite's model's heads, parallelizing it raises on every rank."""
-    model = OWN_MODELS[0]
+    """In a world of 3, which does not divide the model's heads (the suite's, or a ``--tp-model``'s), parallelizing
+    it raises on every rank, or computes it right."""
+    model = model_names(impl)[0]  # a --tp-model's own, else the suite's untied Llama
     for sp in variants(impl):
         found = world.run(ranks.run, impl, {"model": model, "sp": sp})
         where = f"{label(model, sp)} over {world.size} ranks"
