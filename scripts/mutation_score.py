@@ -63,7 +63,10 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
         "--ddp", "nemo_dist.distributed.ddp", "--config", "nemo_dist.distributed.config",
     ),
     "nemo_dist/distributed/fsdp2.py": ("--fsdp2", "nemo_dist.distributed.fsdp2"),
-    "nemo_dist/distributed/tensor_parallel.py": ("--tp", "nemo_dist.distributed.tensor_parallel"),
+    # Qwen3's per-head norms are what reaches ReplicatedGradientSum (needs transformers: the models extra).
+    "nemo_dist/distributed/tensor_parallel.py": (
+        "--tp", "nemo_dist.distributed.tensor_parallel", "--tp-arch", "Qwen3ForCausalLM",
+    ),
 }
 
 #: How an EXPLAINED reason says the mutant changes only what a CPU run cannot observe.

@@ -69,6 +69,8 @@ CAUSES = {
     "gathered as if even (rows lost or tiled), or refused on some ranks only",
     "fsdp2_on_a_dp_tp_mesh_trains_like_one_process": "FSDP2 and TP not composed on the (dp_shard, tp) mesh: "
     "gradients not averaged over dp, or TP's DTensors resharded over the wrong mesh dim",
+    "logits_stay_sharded_on_the_vocabulary": "the head's output layout not Shard(-1): the logits gathered (or "
+    "sharded on another dim) where upstream's plans keep them vocabulary-parallel",
     "explicit_plan_comes_first": "the plan chooser's order: an explicit tp_shard_plan not taken before the "
     "optimized, Hugging Face or default plan",
     "indivisible_heads_refused_on_every_rank": "head counts that do not split over the tensor-parallel ranks "

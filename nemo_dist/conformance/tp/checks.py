@@ -32,6 +32,7 @@ __all__ = [
     "attention_head_counts_are_local",
     "forward_equals_unsharded",
     "gradients_equal_unsharded",
+    "logits_stay_sharded_on_the_vocabulary",
     "loss_on_sharded_logits_equals_unsharded",
     "placements_are_consistent",
     "tied_embeddings_stay_tied",
@@ -275,3 +276,19 @@ def attention_head_counts_are_local(world: WorldLike, impl: Implementation) -> N
                     )
     if not checked:
         raise NotApplicable("no attention module keeps head counts of its own (num_heads) to compare")
+
+
+@tp_check("tp.logits_stay_sharded_on_the_vocabulary", tier="extended")
+def logits_stay_sharded_on_the_vocabulary(world: WorldLike, impl: Implementation) -> None:
+    """A module's plans hand the suite's models' logits on as a ``Shard(-1)`` DTensor: the vocabulary never
+    gathered, ``loss_parallel()`` scores them where they are (upstream's Llama-family contract)."""
+    if impl.suite_option("tp_plan") is not None:
+        raise NotApplicable("a --tp-plan chooses its own logits' layout; the checks score any of them")
+    for where, found in each_run(world, impl):
+        if where.split(",")[0] not in OWN_MODELS:
+            continue
+        for rank, report in enumerate(found):
+            assert report["logits_form"] == "DTensor ['Shard(dim=2)']", (
+                f"{where}, rank {rank}: logits come back as {report['logits_form']}, not sharded on the vocabulary "
+                "(a DTensor Shard(dim=2) of [batch, seq, vocab])"
+            )

@@ -16,7 +16,7 @@ from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, tp_check
 from nemo_dist.conformance.tp.checks import STEPS, assert_trained, label, matrix, reports, variants
-from nemo_dist.conformance.tp.target import OWN_MODELS, model_names
+from nemo_dist.conformance.tp.target import OWN_MODELS, TWO_KV_HEADS, model_names
 
 __all__ = [
     "explicit_plan_comes_first",
@@ -73,24 +73,34 @@ def fsdp2_on_a_dp_tp_mesh_trains_like_one_process(world: WorldLike, impl: Implem
 
 
 @tp_check(
-    "tp.indivisible_heads_refused_on_every_rank", tier="extended", min_world=3, max_world=3, sampled=False, rule=None
+    "tp.indivisible_heads_refused_on_every_rank", tier="extended", min_world=3, max_world=4, sampled=False, rule=None
 )
 def indivisible_heads_refused_on_every_rank(world: WorldLike, impl: Implementation) -> None:
-    """In a world of 3, which does not divide the model's heads (the suite's, or a ``--tp-model``'s), parallelizing
-    it raises on every rank, or computes it right."""
-    model = model_names(impl)[0]  # a --tp-model's own, else the suite's untied Llama
+    """Heads a world does not divide (the suite's 4 key-value heads over 3 ranks, its 2-key-value-head variant over 4,
+    or a ``--tp-model``'s over 3) are refused on every rank with an error naming the heads, or computed right."""
+    if world.size == 3:
+        model = model_names(impl)[0]  # a --tp-model's own, else the suite's untied Llama
+    elif impl.suite_option("tp_model") is None:
+        model = TWO_KV_HEADS
+    else:
+        raise NotApplicable("a --tp-model is checked for indivisible heads in a world of 3")
     for sp in variants(impl):
         found = world.run(ranks.run, impl, {"model": model, "sp": sp})
         where = f"{label(model, sp)} over {world.size} ranks"
         raised = [rank for rank, report in enumerate(found) if "error" in report]
         if len(raised) == len(found):
+            unclear = [rank for rank in raised if "head" not in found[rank]["error"].lower()]
+            assert not unclear, (
+                f"{where}: refused on every rank, but not naming the heads: {found[unclear[0]]['error']} (raised "
+                f"{found[unclear[0]]['where']})"
+            )
             continue
         assert not raised, f"{where}: refused on ranks {raised} only; the others went on"
         for rank, report in enumerate(found):
             tol = report["tolerance"]
             diff, scale = report["logits"][:2]
             assert diff <= tol * scale, (
-                f"{where}, rank {rank}: {KV_HEADS} key-value heads over {world.size} ranks accepted, and the logits "
+                f"{where}, rank {rank}: heads that do not split over {world.size} ranks accepted, and the logits "
                 f"are off by {diff:.3g}"
             )
 

@@ -36,6 +36,7 @@ from nemo_dist.conformance.tp.models import TinyConfig, TinyLlamaForCausalLM
 __all__ = [
     "OWN_MODELS",
     "TP_APIS",
+    "TWO_KV_HEADS",
     "Built",
     "after_backward",
     "archs",
@@ -54,6 +55,8 @@ __all__ = [
 TP_APIS: tuple[str, ...] = ("parallelize_tp", "fsdp2_strategy_parallelize")
 #: The suite's own models: untied and tied.
 OWN_MODELS: tuple[str, ...] = ("tiny-llama", "tiny-llama-tied")
+#: The suite's untied model with 2 key-value heads (of 8 heads): what a world of 4 cannot split.
+TWO_KV_HEADS = "tiny-llama-2-kv-heads"
 #: Relative tolerance (to max(1, max |expected|)) by the lowest precision a model computes in: the suite's own
 #: model is float64 throughout; transformers' norms compute in float32 even in a float64 model.
 _TOLERANCE = {"float64": 1e-10, "float32": 2e-5}
@@ -94,8 +97,10 @@ def build_model(impl: Implementation, name: str, seed: int) -> Built:
         model = resolve_callable(name)()
         vocab = getattr(getattr(model, "config", None), "vocab_size", None) or _embedding_rows(model) or 2
         return Built(model.to(torch.float64), int(vocab), _TOLERANCE["float32"])
-    if name in OWN_MODELS:
-        model = TinyLlamaForCausalLM(TinyConfig(tie_word_embeddings=name.endswith("tied"))).to(torch.float64)
+    if name in (*OWN_MODELS, TWO_KV_HEADS):
+        kv_heads = 2 if name == TWO_KV_HEADS else 4
+        config = TinyConfig(tie_word_embeddings=name.endswith("tied"), num_key_value_heads=kv_heads)
+        model = TinyLlamaForCausalLM(config).to(torch.float64)
         return Built(model, model.config.vocab_size, _TOLERANCE["float64"])
     import transformers
 
