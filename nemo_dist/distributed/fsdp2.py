@@ -22,6 +22,11 @@ The config bundles the policy, the mesh the topology
 (``nemo_dist.distributed.mesh``). What ``parallelize`` does, in upstream's
 order:
 
+0. Where the mesh's ``tp`` dim is larger than 1: tensor parallelism over
+   it first, as upstream applies it before FSDP2
+   (:func:`nemo_dist.distributed.tensor_parallel.parallelize_tp`, with the
+   config's ``sequence_parallel`` and ``tp_plan``); FSDP2 then shards the
+   DTensors over the data-parallel dims, 2-D.
 1. World size 1 or a one-element mesh (:func:`fsdp2_sharding_enabled` False):
    activation checkpointing when enabled, and nothing else. Nothing is
    sharded and nothing is cast, so ``mp_policy`` does not apply: such a
@@ -48,7 +53,7 @@ weights (seed the model identically, or load the same checkpoint), as
 upstream requires. Gradients are averaged over every data-parallel rank
 (HSDP: over replicas x shards).
 
-Upstream's steps left out: tensor parallelism, pipeline and expert
+Upstream's steps left out: async tensor parallelism, pipeline and expert
 parallelism, per-layer compile, the transformers-specific paths (re-tying an
 LM head from a Hugging Face config, Hugging Face's own gradient
 checkpointing, key-value sharing detection) and upstream's process-global
@@ -212,6 +217,13 @@ def _parallelize(
 ) -> nn.Module:
     """The one implementation behind both entry points (the module docstring's steps)."""
     mesh = get_fsdp_dp_mesh(device_mesh)
+    names = device_mesh.mesh_dim_names or ()
+    if "tp" in names and device_mesh["tp"].size() > 1:
+        from nemo_dist.distributed.tensor_parallel import parallelize_tp
+
+        parallelize_tp(
+            model, device_mesh["tp"], sequence_parallel=config.sequence_parallel, tp_shard_plan=config.tp_plan
+        )
     if config.activation_checkpointing:
         apply_activation_checkpointing(model, config.activation_checkpointing, config.activation_checkpointing_scope)
     if reapply_trainability is not None:
@@ -261,9 +273,9 @@ class FSDP2Manager:
         At world size 1 or on a one-element mesh only activation checkpointing
         applies and the model comes back unsharded and uncast.
         ``reapply_trainability(model)``, when given, runs after checkpointing
-        and before sharding. A mesh with a tensor, context, pipeline or expert
-        dim of size > 1 raises ``NotImplementedError`` on every rank before
-        anything is changed.
+        and before sharding. A mesh with a context, pipeline or expert dim of
+        size > 1 raises ``NotImplementedError`` on every rank before anything
+        is changed; a tensor-parallel dim is step 0 of the module docstring.
         """
         return _parallelize(model, self.config, self.device_mesh, reapply_trainability)
 
@@ -295,9 +307,11 @@ def fsdp2_strategy_parallelize(
     as the config raises, naming the field; ``mp_policy=None`` is the bf16
     default) and shards as :meth:`FSDP2Manager.parallelize`. Note that
     ``enable_fsdp2_prefetch`` defaults to True here and False in
-    ``FSDP2Config``, as upstream has it. The tensor-parallel keywords are
-    accepted at their defaults only (``NotImplementedError``), custom mesh
-    dim names raise ``ValueError`` as upstream's do, and
+    ``FSDP2Config``, as upstream has it. ``sequence_parallel`` and
+    ``tp_shard_plan`` apply where the mesh's ``tp`` dim is larger than 1
+    (``enable_async_tensor_parallel`` and ``enable_compile`` only at their
+    defaults: ``NotImplementedError``), custom mesh dim names raise
+    ``ValueError`` as upstream's do, and
     ``frozen_multimodal_sharding`` other than "root" raises
     ``NotImplementedError``.
     """

@@ -46,8 +46,6 @@ def default_mp_policy() -> MixedPrecisionPolicy:
 
 #: Upstream fields this component does not implement: name -> (the only value accepted, why).
 _NOT_SUPPORTED: dict[str, tuple[Any, str]] = {
-    "sequence_parallel": (False, "sequence parallelism is part of tensor parallelism"),
-    "tp_plan": (None, "a tensor-parallel plan needs tensor parallelism"),
     "enable_async_tensor_parallel": (False, "async tensor parallelism needs tensor parallelism"),
     "enable_compile": (False, "per-layer torch.compile is not part of this component"),
 }
@@ -105,9 +103,10 @@ class FSDP2Config:
     fsdp2_backward_prefetch_depth: int = 2
     #: How many following layers each layer prefetches in forward (0: none).
     fsdp2_forward_prefetch_depth: int = 1
-    #: Not supported (tensor parallelism); only ``False`` is accepted.
+    #: Sequence parallelism in the tensor-parallel plan (where the mesh's ``tp`` dim is larger than 1).
     sequence_parallel: bool = False
-    #: Not supported (tensor parallelism); only ``None`` is accepted.
+    #: An explicit tensor-parallel plan: a dict of parallel styles, or ``"module:name"`` of one (None: chosen by
+    #: ``nemo_dist.distributed.tensor_parallel.get_parallel_plan``).
     tp_plan: Union[dict, str, None] = None
     #: Not supported (tensor parallelism); only ``False`` is accepted.
     enable_async_tensor_parallel: bool = False
@@ -136,8 +135,13 @@ class FSDP2Config:
             )
         self.activation_checkpointing = _normalise_checkpointing(self.activation_checkpointing, "FSDP2Config")
         self.activation_checkpointing_scope = _normalise_scope(self.activation_checkpointing_scope, "FSDP2Config")
-        for name in ("defer_fsdp_grad_sync", "enable_fsdp2_prefetch"):
+        for name in ("defer_fsdp_grad_sync", "enable_fsdp2_prefetch", "sequence_parallel"):
             _require_bool(name, getattr(self, name))
+        if self.tp_plan is not None and not isinstance(self.tp_plan, (dict, str)):
+            raise TypeError(
+                f"FSDP2Config.tp_plan must be a dict of parallel styles, a 'module:name' str or None, got "
+                f"{self.tp_plan!r} ({type(self.tp_plan).__name__})"
+            )
         if self.reshard_after_forward is not None:
             _require_bool("reshard_after_forward", self.reshard_after_forward)
         for name in ("fsdp2_backward_prefetch_depth", "fsdp2_forward_prefetch_depth"):

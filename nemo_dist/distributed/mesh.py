@@ -7,8 +7,9 @@ cp) and ``dp_cp`` (all three), on device type "cpu" under gloo ("cuda" under
 NCCL with CUDA). A world of one rank gets the same mesh, every dim of size 1;
 the parallelizer then shards nothing (see ``fsdp2_sharding_enabled``).
 
-Only data parallelism is supported: tensor, context, pipeline and expert
-parallel sizes other than 1 raise ``NotImplementedError``. FSDP is
+Data and tensor parallelism are supported (``tp_size`` ranks per
+tensor-parallel group, the innermost dim, as upstream lays it out): context,
+pipeline and expert parallel sizes other than 1 raise ``NotImplementedError``. FSDP is
 ``dp_replicate_size`` 1 (or unset); HSDP is ``dp_replicate_size`` R > 1 with
 ``dp_size`` a multiple of R and larger than R (upstream's rule, so HSDP needs
 at least 4 ranks: pure replication is DDP, ``parallelize_ddp``).
@@ -43,7 +44,7 @@ FLATTENED_DIMS: dict[str, tuple[str, ...]] = {
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
 }
 #: Dims whose size must be 1 here: name -> the parallelism it would be.
-_UNSUPPORTED_DIMS = {"tp": "tensor", "cp": "context", "pp": "pipeline", "ep": "expert"}
+_UNSUPPORTED_DIMS = {"cp": "context", "pp": "pipeline", "ep": "expert"}
 _KNOWN_DIMS = frozenset((*MESH_DIM_NAMES, *FLATTENED_DIMS, "ep", "ep_shard"))
 #: A 1-D mesh with one of these names is sharded over as it is.
 _DATA_PARALLEL_DIMS = frozenset(("dp_shard", "dp", "dp_shard_cp", "dp_cp"))
@@ -61,13 +62,13 @@ class ParallelismSizes:
     """Requested parallel sizes for FSDP (``dp_replicate_size`` unset or 1) and HSDP.
 
     Checked at construction: sizes are ints >= 1 (``TypeError``/``ValueError``
-    naming the field), ``tp_size``, ``pp_size``, ``cp_size`` and ``ep_size``
+    naming the field), ``pp_size``, ``cp_size`` and ``ep_size``
     other than 1 raise ``NotImplementedError``, and with ``dp_size`` given,
     ``dp_replicate_size`` must divide it and (unless 1) be smaller than it.
-    ``dp_size=None`` means the world size, checked by :meth:`mesh_shape`.
+    ``dp_size=None`` means the world size over ``tp_size``, checked by :meth:`mesh_shape`.
     """
 
-    #: Data-parallel ranks (replicas x shards); ``None``: the whole world.
+    #: Data-parallel ranks (replicas x shards); ``None``: the whole world over ``tp_size``.
     dp_size: int | None = None
     #: HSDP replicas; ``None`` or 1: plain FSDP.
     dp_replicate_size: int | None = None
@@ -85,7 +86,7 @@ class ParallelismSizes:
                 raise TypeError(f"ParallelismSizes.{name} must be an int, got {value!r} ({type(value).__name__})")
             if value < 1:
                 raise ValueError(f"ParallelismSizes.{name} must be >= 1, got {value}")
-        for name in ("tp_size", "cp_size", "pp_size", "ep_size"):
+        for name in ("cp_size", "pp_size", "ep_size"):
             value = getattr(self, name)
             if value != 1:
                 raise _not_supported(f"ParallelismSizes.{name}", value, _UNSUPPORTED_DIMS[name[:2]])
@@ -114,14 +115,18 @@ class ParallelismSizes:
         ``world_size``, or naming ``dp_replicate_size`` when it does not
         divide the data-parallel size or is not smaller than it.
         """
-        dp_size = world_size if self.dp_size is None else self.dp_size
-        if dp_size != world_size:
+        if world_size % self.tp_size:
+            raise ValueError(
+                f"ParallelismSizes.tp_size={self.tp_size} does not divide a world of {world_size} ranks"
+            )
+        dp_size = world_size // self.tp_size if self.dp_size is None else self.dp_size
+        if dp_size * self.tp_size != world_size:
             raise ValueError(
                 f"ParallelismSizes.dp_size={dp_size} does not fit a world of {world_size} ranks: "
-                f"dp_size * tp_size * cp_size * pp_size = {dp_size} must equal the world size"
+                f"dp_size * tp_size * cp_size * pp_size = {dp_size * self.tp_size} must equal the world size"
             )
         replicas, shards = self._split(dp_size)
-        return (1, replicas, shards, 1, 1)
+        return (1, replicas, shards, 1, self.tp_size)
 
 
 def _mesh_device_type() -> str:
@@ -178,8 +183,9 @@ def get_fsdp_dp_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
     with no dim names or one data-parallel name (``dp_shard``, ``dp``,
     ``dp_shard_cp``, ``dp_cp``) is sharded over as it is. Raises
     ``ValueError`` for a dim name outside upstream's axis names or a mesh
-    with no ``dp_shard`` dim, and ``NotImplementedError`` for a ``tp``,
-    ``cp``, ``pp`` or ``ep`` dim of size > 1.
+    with no ``dp_shard`` dim, and ``NotImplementedError`` for a ``cp``,
+    ``pp`` or ``ep`` dim of size > 1 (a ``tp`` dim is tensor parallelism's,
+    left to :mod:`nemo_dist.distributed.tensor_parallel`).
     """
     names: Any = device_mesh.mesh_dim_names
     if names is None:

@@ -57,12 +57,12 @@ CONFIG_ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
         TypeError,
         r"FSDP2Config\.fsdp2_forward_prefetch_depth must be an int",
     ),
-    "sequence-parallel": (
-        {"sequence_parallel": True},
-        NotImplementedError,
-        r"FSDP2Config\.sequence_parallel=True is not supported: sequence parallelism is part of tensor parallelism",
+    "sequence-parallel-str": (
+        {"sequence_parallel": "yes"}, TypeError, r"FSDP2Config\.sequence_parallel must be a bool, got 'yes'"
     ),
-    "tp-plan": ({"tp_plan": {}}, NotImplementedError, r"FSDP2Config\.tp_plan=\{\} is not supported"),
+    "tp-plan-list": (
+        {"tp_plan": ["lm_head"]}, TypeError, r"FSDP2Config\.tp_plan must be a dict of parallel styles, a 'module:name'"
+    ),
     "async-tp": (
         {"enable_async_tensor_parallel": True},
         NotImplementedError,
@@ -72,7 +72,6 @@ CONFIG_ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
 }
 
 SIZES_ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
-    "tensor": ({"tp_size": 2}, NotImplementedError, r"tp_size=2: tensor parallelism is not supported"),
     "context": ({"cp_size": 2}, NotImplementedError, r"cp_size=2: context parallelism is not supported"),
     "pipeline": ({"pp_size": 4}, NotImplementedError, r"pp_size=4: pipeline parallelism is not supported"),
     "expert": ({"ep_size": 8}, NotImplementedError, r"ep_size=8: expert parallelism is not supported"),
@@ -122,6 +121,12 @@ def test_invalid_sizes_raise_naming_the_field(options: dict[str, Any], kind: typ
         pytest.param(ParallelismSizes(dp_replicate_size=2), 6, (1, 2, 3, 1, 1), id="hsdp-2x3"),
         pytest.param(ParallelismSizes(dp_replicate_size=4), 6, r"dp_replicate_size=4 must divide dp_size=6", id="odd"),
         pytest.param(ParallelismSizes(dp_size=2), 4, r"dp_size=2 does not fit a world of 4 ranks", id="not-the-world"),
+        pytest.param(ParallelismSizes(tp_size=2), 4, (1, 1, 2, 1, 2), id="dp-2-tp-2"),
+        pytest.param(ParallelismSizes(tp_size=4), 4, (1, 1, 1, 1, 4), id="tp-only"),
+        pytest.param(ParallelismSizes(dp_size=2, tp_size=2), 4, (1, 1, 2, 1, 2), id="dp-given-with-tp"),
+        pytest.param(ParallelismSizes(tp_size=3), 4, r"tp_size=3 does not divide a world of 4 ranks", id="tp-3-of-4"),
+        pytest.param(ParallelismSizes(dp_size=4, tp_size=2), 4, r"dp_size \* tp_size \* cp_size \* pp_size = 8",
+                     id="dp-times-tp-not-the-world"),
     ],
 )
 def test_mesh_shape_follows_upstreams_rules(sizes: ParallelismSizes, world_size: int, expected: Any) -> None:
@@ -176,9 +181,9 @@ def test_values_are_normalised_and_policies_kept() -> None:
     assert config.activation_checkpointing_scope == ("vision", "audio")
 
 
-def test_manager_and_entry_point_refuse_what_is_not_data_parallel() -> None:
+def test_manager_and_entry_point_refuse_what_they_do_not_offer() -> None:
     """FSDP2Manager wants an FSDP2Config and a DeviceMesh; custom mesh names, other frozen multimodal policies and
-    tensor-parallel keywords are refused before any mesh is touched."""
+    async tensor parallelism are refused before any mesh is touched."""
     from nemo_dist.distributed.fsdp2 import FSDP2Manager, fsdp2_strategy_parallelize
     from nemo_dist.distributed.fsdp2_config import FSDP2Config
 
@@ -191,8 +196,8 @@ def test_manager_and_entry_point_refuse_what_is_not_data_parallel() -> None:
         fsdp2_strategy_parallelize(model, None, tp_mesh_name="tensor")
     with pytest.raises(NotImplementedError, match=re.escape("frozen_multimodal_sharding='replicate'")):
         fsdp2_strategy_parallelize(model, None, frozen_multimodal_sharding="replicate")
-    with pytest.raises(NotImplementedError, match="sequence_parallel=True is not supported"):
-        fsdp2_strategy_parallelize(model, None, sequence_parallel=True)
+    with pytest.raises(NotImplementedError, match="enable_async_tensor_parallel=True is not supported"):
+        fsdp2_strategy_parallelize(model, None, enable_async_tensor_parallel=True)
 
 
 @pytest.mark.upstream

@@ -278,7 +278,7 @@ def attention_head_counts_are_local(world: WorldLike, impl: Implementation) -> N
         raise NotApplicable("no attention module keeps head counts of its own (num_heads) to compare")
 
 
-@tp_check("tp.logits_stay_sharded_on_the_vocabulary", tier="extended")
+@tp_check("tp.logits_stay_sharded_on_the_vocabulary", tier="extended", min_world=2)
 def logits_stay_sharded_on_the_vocabulary(world: WorldLike, impl: Implementation) -> None:
     """A module's plans hand the suite's models' logits on as a ``Shard(-1)`` DTensor: the vocabulary never
     gathered, ``loss_parallel()`` scores them where they are (upstream's Llama-family contract)."""
