@@ -62,6 +62,7 @@ GALLERY: dict[str, Row] = {
     "megatron_fg": Row("megatron_fg:plan"),
     "mlp_only_dict": Row("mlp_only:PLAN"),
     "tied_colwise_embedding": Row("tied_colwise_embedding:plan"),
+    "fused_qkv_strided": Row("fused_qkv_strided:plan", G + "fused_qkv_strided:model"),
     "hf_plan_qwen3": Row("hf_plan:plan", _QWEN3, transformers=True),
     "hf_from_pretrained_qwen3": Row(
         "hf_from_pretrained:plan", G + "hf_from_pretrained:qwen3", transformers=True, accelerate=True

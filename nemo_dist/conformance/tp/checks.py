@@ -19,6 +19,7 @@ bytes of replicated parameters across ranks are compared exactly.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from nemo_dist.conformance.errors import NotApplicable
@@ -208,10 +209,12 @@ def placements_are_consistent(world: WorldLike, impl: Implementation) -> None:
             for name, info in report["placements"].items():
                 expected = list(info["full"])
                 for placement, dim_name in zip(info["placements"], info["mesh"] or ["tp"], strict=False):
-                    if dim_name == "tp" and placement.startswith("Shard("):
+                    shard = _SHARD.fullmatch(placement)
+                    if dim_name == "tp" and shard:
                         sharded += 1
-                        dim = int(placement.split("=")[1].rstrip(")"))
-                        expected[dim] = _chunk(expected[dim], report["tp"], report["tp_rank"])
+                        dim, parts = int(shard["dim"]), int(shard["sf"] or 1)
+                        # A strided shard (split_factor parts, each chunked over the group) holds its share of each.
+                        expected[dim] = parts * _chunk(expected[dim] // parts, report["tp"], report["tp_rank"])
                 assert list(info["local"]) == expected, (
                     f"{where}, rank {rank}: {name} {info['placements']} holds {info['local']} of {info['full']}, "
                     f"expected {tuple(expected)} (split as torch.chunk over {report['tp']} ranks)"
@@ -219,6 +222,10 @@ def placements_are_consistent(world: WorldLike, impl: Implementation) -> None:
             assert report["tp"] == 1 or sharded, (
                 f"{where}: no parameter is sharded over {report['tp']} tensor-parallel ranks"
             )
+
+
+#: A Shard placement as DTensor's repr writes it: ``Shard(dim=0)``, or ``_StridedShard(dim=0, sf=3)``.
+_SHARD = re.compile(r"_?(?:Strided)?Shard\(dim=(?P<dim>-?\d+)(?:, sf=(?P<sf>\d+))?\)")
 
 
 def _chunk(rows: int, parts: int, index: int) -> int:
