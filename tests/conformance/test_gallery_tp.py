@@ -18,7 +18,7 @@ import pytest
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
 from nemo_dist.conformance.report import format_report
 from nemo_dist.conformance.target import resolve_implementation, validate_implementation
-from nemo_dist.conformance.tp.causes import CAUSES, MULTIPLIED, REPLICA_SYNC
+from nemo_dist.conformance.tp.causes import CAUSES, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC
 from nemo_dist.testing.plugin import WorldFactory
 from tests import targets
 
@@ -63,6 +63,7 @@ GALLERY: dict[str, Row] = {
     "mlp_only_dict": Row("mlp_only:PLAN"),
     "tied_colwise_embedding": Row("tied_colwise_embedding:plan"),
     "fused_qkv_strided": Row("fused_qkv_strided:plan", G + "fused_qkv_strided:model"),
+    "dropout_shared": Row("dropout_shared:plan", G + "dropout_shared:model"),
     "hf_plan_qwen3": Row("hf_plan:plan", _QWEN3, transformers=True),
     "hf_from_pretrained_qwen3": Row(
         "hf_from_pretrained:plan", G + "hf_from_pretrained:qwen3", transformers=True, accelerate=True
@@ -106,6 +107,11 @@ GALLERY: dict[str, Row] = {
     "qk_norm_not_summed": Row(
         "qk_norm_not_summed:plan", _QWEN3, failing=frozenset({GRADIENTS, TRAINS, SEQUENCE}),
         guards=frozenset({GRADIENTS}), cause=_cause(REPLICA_SYNC), transformers=True,
+    ),
+    "dropout_per_rank": Row(
+        "dropout_per_rank:plan", G + "dropout_shared:model",
+        failing=frozenset({FORWARD, GRADIENTS, TRAINS, LOSS, SEQUENCE}), guards=frozenset({FORWARD}),
+        cause=_cause(RANKS_DISAGREE),
     ),
     "heads_halved_replicated": Row(
         "heads_halved_replicated:plan", failing=REFUSED, guards=frozenset({FORWARD, HEADS}),

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from nemo_dist.conformance.registry import WorldRule, check
 
-__all__ = ["CAUSES", "KV_HEADS", "MULTIPLIED", "REPLICA_SYNC", "SPLITS", "failure", "tp_check"]
+__all__ = ["CAUSES", "KV_HEADS", "MULTIPLIED", "RANKS_DISAGREE", "REPLICA_SYNC", "SPLITS", "failure", "tp_check"]
 
 #: Key-value heads of the suite's model and of the tiny transformers configs: a world they do not divide cannot
 #: hold one tensor-parallel group of them.
@@ -38,6 +38,12 @@ REPLICA_SYNC = (
     "replicated parameters' gradients are partial per rank (each covers only its own shard of the heads or the "
     "sequence) and are never summed over the tensor-parallel group: a missing replica sync (if your training loop "
     "takes that step after backward, declare it with --tp-after-backward)"
+)
+
+#: The cause of logits that differ between the ranks of one tensor-parallel group.
+RANKS_DISAGREE = (
+    "the ranks of one tensor-parallel group compute different logits from the same batch: random state that "
+    "differs between them (dropout seeded per rank inside the group) or an input taken per rank"
 )
 
 #: The cause of gradients exactly the tensor-parallel size times the unsharded ones.

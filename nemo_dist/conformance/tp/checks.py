@@ -26,7 +26,7 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, thorough
 from nemo_dist.conformance.tp import ranks
-from nemo_dist.conformance.tp.causes import KV_HEADS, MULTIPLIED, REPLICA_SYNC, failure, tp_check
+from nemo_dist.conformance.tp.causes import KV_HEADS, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC, failure, tp_check
 from nemo_dist.conformance.tp.target import OWN_MODELS, model_names
 
 __all__ = [
@@ -134,8 +134,17 @@ def _replicated(report: dict[str, Any], name: str) -> bool:
 def forward_equals_unsharded(world: WorldLike, impl: Implementation) -> None:
     """Logits (gathered where sharded) and the loss equal the unsharded model's, within reduction order."""
     for where, found in each_run(world, impl):
+        groups: dict[int, set[str]] = {}
+        for rank, report in enumerate(found):
+            groups.setdefault(rank // report["tp"], set()).add(report["logits_digest"])
         for rank, report in enumerate(found):
             tol = report["tolerance"]
+            if not _close(report["logits"], tol) and len(groups[rank // report["tp"]]) > 1:
+                raise failure(
+                    f"{where}: the ranks of tensor-parallel group {rank // report['tp']} return different logits; "
+                    f"rank {rank}'s differ from the unsharded model's by {report['logits'][0]:.3g}",
+                    RANKS_DISAGREE,
+                )
             assert _close(report["logits"], tol), (
                 f"{where}, rank {rank}: logits ({report['logits_form']}) differ from the unsharded model's by "
                 f"{report['logits'][0]:.3g} (tolerance {tol:g} x {report['logits'][1]:.3g})"

@@ -36,6 +36,8 @@ class TinyConfig:
     rms_norm_eps: float = 1e-6
     #: A bias on attention's output projection (the gallery's bias-before-all-reduce plan needs one).
     o_proj_bias: bool = False
+    #: Dropout on attention's output, in training (0: none; the gallery's dropout plans need it).
+    attention_dropout: float = 0.0
 
 
 class _RMSNorm(nn.Module):
@@ -89,9 +91,10 @@ class _Layer(nn.Module):
         self.self_attn = _Attention(config)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = _MLP(config)
+        self.dropout = config.attention_dropout
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h))
+        h = h + F.dropout(self.self_attn(self.input_layernorm(h)), self.dropout, self.training)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

@@ -232,7 +232,11 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         optimizers = {kind: (_optimizer(kind, list(model.parameters())), _optimizer(kind, list(reference.parameters())))
                       for kind in set(steps)}
         for step in range(max(1, len(steps))):
+            # The same random state for both forwards: a model with dropout draws the same masks on every rank
+            # and in the unsharded copy (a plan must not change that: per-rank seeds inside a group are a bug).
+            torch.manual_seed(_SEED + 100 + step)
             logits = target.logits(model(inputs[rows]))
+            torch.manual_seed(_SEED + 100 + step)
             expected = target.logits(reference(inputs))
             if tuple(_full(logits).shape) != tuple(expected[rows].shape):
                 raise ValueError(f"logits of shape {tuple(_full(logits).shape)} where the unsharded model gives "
@@ -241,6 +245,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
             ref_loss = F.cross_entropy(expected.flatten(0, 1), labels.flatten())
             if step == 0:
                 report["logits"] = _difference(_full(logits), expected[rows].detach())
+                report["logits_digest"] = _digest(_full(logits))
                 report["logits_form"] = type(logits).__name__ + (
                     f" {[repr(p) for p in logits.placements]}" if hasattr(logits, "placements") else "")
                 report["loss"] = (_full(loss).item(), ref_loss.item())
