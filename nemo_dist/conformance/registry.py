@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -50,6 +51,7 @@ __all__ = [
     "select_checks",
     "thorough",
     "thoroughness",
+    "with_likely_cause",
 ]
 
 Tier = Literal["core", "extended"]
@@ -135,6 +137,25 @@ class Check:
             if suite.screen is not None:
                 suite.screen(self, impl)
         self.fn(world, impl)
+
+
+def with_likely_cause(run: Callable[[Any, Implementation], None], cause: str) -> Callable[[Any, Implementation], None]:
+    """``run`` whose ``AssertionError`` carries ``cause`` as its ``likely_cause`` where it carries none of its own.
+
+    A suite's registrar wraps each check with the cause a failure of it most
+    likely has (the runner shows ``exc.likely_cause`` first).
+    """
+
+    @functools.wraps(run)
+    def explained(world: Any, impl: Implementation) -> None:
+        try:
+            run(world, impl)
+        except AssertionError as exc:
+            if not getattr(exc, "likely_cause", ""):
+                exc.likely_cause = cause  # type: ignore[attr-defined]
+            raise
+
+    return explained
 
 
 #: Every registered check by name, in registration order.
