@@ -48,6 +48,13 @@ def retie(model: nn.Module) -> nn.Module:
     return model
 
 
+def _all_reduced(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    """A copy of ``tensor`` summed over ``group`` (the caller's tensor untouched)."""
+    out = tensor.contiguous().clone()
+    dist.all_reduce(out, group=group)
+    return out
+
+
 class _CopyToRegion(torch.autograd.Function):
     """Megatron's ``f``: identity forward; backward all-reduces the input gradient (unless told not to)."""
 
@@ -58,10 +65,7 @@ class _CopyToRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if ctx.reduce:
-            grad = grad.contiguous().clone()
-            dist.all_reduce(grad, group=ctx.group)
-        return grad, None, None
+        return (_all_reduced(grad, ctx.group) if ctx.reduce else grad), None, None
 
 
 class _ReduceFromRegion(torch.autograd.Function):
@@ -70,16 +74,11 @@ class _ReduceFromRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, reduce_backward: bool) -> torch.Tensor:
         ctx.group, ctx.reduce = group, reduce_backward
-        out = x.contiguous().clone()
-        dist.all_reduce(out, group=group)
-        return out
+        return _all_reduced(x, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if ctx.reduce:
-            grad = grad.contiguous().clone()
-            dist.all_reduce(grad, group=ctx.group)
-        return grad, None, None
+        return (_all_reduced(grad, ctx.group) if ctx.reduce else grad), None, None
 
 
 def _shard(linear: nn.Linear, mesh: Any, dim: int) -> None:

@@ -10,11 +10,10 @@ assertion that carries a cause of its own (the checkpointing contract's,
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from nemo_dist.conformance.registry import check
+from nemo_dist.conformance.registry import check, with_likely_cause
 
 __all__ = ["CAUSES", "fsdp2_check"]
 
@@ -59,18 +58,9 @@ def fsdp2_check(
     cause = CAUSES[name.removeprefix("fsdp2.")]
 
     def register(run: Callable[..., None]) -> Any:
-        @functools.wraps(run)
-        def explained(world: Any, impl: Any) -> None:
-            try:
-                run(world, impl)
-            except AssertionError as exc:
-                if not getattr(exc, "likely_cause", ""):
-                    exc.likely_cause = cause  # type: ignore[attr-defined]
-                raise
-
         return check(
             name, tier="core", component="fsdp2", preload=_PRELOAD, min_world=min_world, max_world=max_world,
             once=once,
-        )(explained)
+        )(with_likely_cause(run, cause))
 
     return register

@@ -7,11 +7,10 @@ carries a cause of its own (a diagnosis from what the ranks reported) keeps it.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
-from nemo_dist.conformance.registry import WorldRule, check
+from nemo_dist.conformance.registry import WorldRule, check, with_likely_cause
 
 __all__ = ["CAUSES", "KV_HEADS", "MULTIPLIED", "RANKS_DISAGREE", "REPLICA_SYNC", "SPLITS", "failure", "tp_check"]
 
@@ -111,18 +110,9 @@ def tp_check(
     cause = CAUSES[name.removeprefix("tp.")]
 
     def register(run: Callable[..., None]) -> Any:
-        @functools.wraps(run)
-        def explained(world: Any, impl: Any) -> None:
-            try:
-                run(world, impl)
-            except AssertionError as exc:
-                if not getattr(exc, "likely_cause", ""):
-                    exc.likely_cause = cause  # type: ignore[attr-defined]
-                raise
-
         return check(
             name, tier=tier, component="tp", preload=(*_PRELOAD, *preload), min_world=min_world,
             max_world=max_world, sampled=sampled, once=once, rule=rule,
-        )(explained)
+        )(with_likely_cause(run, cause))
 
     return register
