@@ -15,7 +15,7 @@ from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, tp_check
-from nemo_dist.conformance.tp.checks import STEPS, assert_trained, label, matrix, reports, variants
+from nemo_dist.conformance.tp.checks import SAMPLED_STEPS, assert_trained, label, matrix, reports, variants
 from nemo_dist.conformance.tp.target import OWN_MODELS, TWO_KV_HEADS, model_names
 
 __all__ = [
@@ -59,7 +59,7 @@ def fsdp2_on_a_dp_tp_mesh_trains_like_one_process(world: WorldLike, impl: Implem
     """On dp 2 x tp 2 with FSDP2 over dp_shard: outputs, gradients and parameters after steps equal one process's."""
     for model, sp in matrix(world.size, impl, only=(OWN_MODELS[1], max(variants(impl)))):
         where = label(model, sp, dp=2)
-        found = reports(world, impl, model, sp, dp=2, steps=STEPS)
+        found = reports(world, impl, model, sp, dp=2, steps=SAMPLED_STEPS)
         for rank, report in enumerate(found):
             tol = report["tolerance"]
             diff, scale = report["logits"][:2]

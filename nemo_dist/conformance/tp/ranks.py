@@ -267,6 +267,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         report["replicated"] = {name: _digest(_local(p)) for name, p in own.items()
                                 if tp_replicated(report["placements"][name])}
         report["tied_trained"] = _tied(model)
+        report["steps"] = tuple(spec.get("steps", ()))
         return report
     except Exception as exc:  # the parent judges a raising target; every rank returns
         return {"error": f"{type(exc).__name__}: {exc}", "where": where, "traceback": traceback.format_exc(),
