@@ -40,7 +40,7 @@ _FLATTENED = {
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
 }
 _DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_MESHES: dict[tuple[int, int], Any] = {}
+_MESHES: dict[tuple[int, int, int], Any] = {}
 
 
 def device() -> torch.device:
@@ -50,18 +50,18 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-def mesh(replicas: int) -> Any:
-    """This world's mesh as upstream builds it: ``(pp, dp_replicate, dp_shard, cp, tp)`` = ``(1, R, W/R, 1, 1)``.
+def mesh(replicas: int, tp: int = 1) -> Any:
+    """This world's mesh as upstream builds it: ``(pp, dp_replicate, dp_shard, cp, tp)`` = ``(1, R, W/(R*tp), 1, tp)``.
 
     With the flattened dims ``dp``, ``dp_shard_cp`` and ``dp_cp``; on "cpu"
-    under gloo. Built once per world and replica count (a collective, in the
-    same order on every rank).
+    under gloo. Built once per world, replica count and tensor-parallel size
+    (a collective, in the same order on every rank).
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (id(dist.group.WORLD), replicas)
+    key = (id(dist.group.WORLD), replicas, tp)
     if key not in _MESHES:
-        shape = (1, replicas, dist.get_world_size() // replicas, 1, 1)
+        shape = (1, replicas, dist.get_world_size() // (replicas * tp), 1, tp)
         built = init_device_mesh(device().type, shape, mesh_dim_names=MESH_DIM_NAMES)
         for name, dims in _FLATTENED.items():
             built[dims]._flatten(name)

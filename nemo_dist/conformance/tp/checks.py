@@ -128,6 +128,11 @@ def _close(pair: tuple[float, ...], tolerance: float) -> bool:
     return diff <= tolerance * scale
 
 
+def off_gradients(report: dict[str, Any]) -> list[str]:
+    """The parameters whose full gradient is missing or off the unsharded one by more than the report's tolerance."""
+    return [name for name, pair in report["grads"].items() if pair is None or not _close(pair, report["tolerance"])]
+
+
 def _replicated(report: dict[str, Any], name: str) -> bool:
     """Whether a parameter is whole on every tensor-parallel rank (plain, or Replicate on the tp dim)."""
     return ranks.tp_replicated(report["placements"][name])

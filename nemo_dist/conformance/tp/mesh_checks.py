@@ -15,7 +15,15 @@ from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, tp_check
-from nemo_dist.conformance.tp.checks import SAMPLED_STEPS, assert_trained, label, matrix, reports, variants
+from nemo_dist.conformance.tp.checks import (
+    SAMPLED_STEPS,
+    assert_trained,
+    label,
+    matrix,
+    off_gradients,
+    reports,
+    variants,
+)
 from nemo_dist.conformance.tp.target import OWN_MODELS, TWO_KV_HEADS, model_names
 
 __all__ = [
@@ -48,7 +56,7 @@ def sequence_length_not_divisible_refused_or_correct(world: WorldLike, impl: Imp
                 tol = report["tolerance"]
                 diff, scale = report["logits"][:2]
                 assert diff <= tol * scale, f"{where}, rank {rank}: logits off by {diff:.3g} ({report['logits_form']})"
-                wrong = [n for n, pair in report["grads"].items() if pair is None or pair[0] > tol * pair[1]]
+                wrong = off_gradients(report)
                 assert not wrong, f"{where}, rank {rank}: gradients differ for {', '.join(wrong)}"
     if not checked:
         raise NotApplicable(f"the checked models' {KV_HEADS} key-value heads do not split over {world.size} ranks")
@@ -64,7 +72,7 @@ def fsdp2_on_a_dp_tp_mesh_trains_like_one_process(world: WorldLike, impl: Implem
             tol = report["tolerance"]
             diff, scale = report["logits"][:2]
             assert diff <= tol * scale, f"{where}, rank {rank}: logits of its rows off by {diff:.3g}"
-            wrong = [n for n, pair in report["grads"].items() if pair is None or pair[0] > tol * pair[1]]
+            wrong = off_gradients(report)
             assert not wrong, (
                 f"{where}, rank {rank}: full gradients differ from one process's on the whole batch for "
                 f"{', '.join(wrong)}"

@@ -9,7 +9,8 @@ What is checked is one of
 - a plan (``--tp-plan MODULE:NAME``): a function ``(model, tp_mesh) ->
   model`` (None: changed in place), or a ``parallelize_module`` plan dict.
 
-The mesh is NeMo AutoModel's ``(pp, dp_replicate, dp_shard, cp, tp)`` =
+The mesh is the fsdp2 suite's (:func:`nemo_dist.conformance.fsdp2.calls.mesh`): NeMo AutoModel's
+``(pp, dp_replicate, dp_shard, cp, tp)`` =
 ``(1, 1, dp, 1, W/dp)``, with its flattened dims. Where the entry point
 shards over tp only and dp > 1, the suite shards the result with
 ``fully_shard`` over ``dp_shard`` itself (each layer, then the root), so
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from nemo_dist.conformance.errors import OptionError
@@ -41,7 +41,6 @@ __all__ = [
     "after_backward",
     "archs",
     "build_model",
-    "device_mesh",
     "explicit_plan",
     "inputs",
     "logits",
@@ -60,10 +59,6 @@ TWO_KV_HEADS = "tiny-llama-2-kv-heads"
 #: Relative tolerance (to max(1, max |expected|)) by the lowest precision a model computes in: the suite's own
 #: model is float64 throughout; transformers' norms compute in float32 even in a float64 model.
 _TOLERANCE = {"float64": 1e-10, "float32": 2e-5}
-_MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-_FLATTENED = {"dp": ("dp_replicate", "dp_shard"), "dp_shard_cp": ("dp_shard", "cp"),
-              "dp_cp": ("dp_replicate", "dp_shard", "cp")}
-_MESHES: dict[tuple[int, int, int], Any] = {}
 _TINY_HF = {"vocab_size": 32, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4, "max_position_embeddings": 64,
             "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
@@ -116,20 +111,6 @@ def _embedding_rows(model: nn.Module) -> int | None:
         if isinstance(module, nn.Embedding):
             return module.num_embeddings
     return None
-
-
-def device_mesh(dp: int, tp: int) -> Any:
-    """NeMo AutoModel's mesh ``(1, 1, dp, 1, tp)`` with its flattened dims, built once per shape (a collective)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    key = (id(dist.group.WORLD), dp, tp)
-    if key not in _MESHES:
-        kind = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        mesh = init_device_mesh(kind, (1, 1, dp, 1, tp), mesh_dim_names=_MESH_DIMS)
-        for name, dims in _FLATTENED.items():
-            mesh[dims]._flatten(name)
-        _MESHES[key] = mesh
-    return _MESHES[key]
 
 
 def plan_object(spec: str) -> Any:
