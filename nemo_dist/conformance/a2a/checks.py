@@ -1,0 +1,226 @@
+"""Conformance checks of an autograd all-to-all: routing, its gradient rule, groups, refusals, dispatch and combine.
+
+Each check draws its examples in the parent with hypothesis: a split matrix
+(``m[i][j]`` rows from rank i to rank j; zeros included; equal splits for a
+callable given no split sizes), a trailing shape, a float dtype and a seed
+from which every rank makes its rows and gradients
+(:func:`~nemo_dist.conformance.a2a.ranks.rows`). The parent rebuilds them and
+computes what each rank must receive (:func:`routed`). An all-to-all is a
+copy, so outputs and gradients are compared bit for bit in every dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nemo_dist.conformance.a2a import ranks
+from nemo_dist.conformance.a2a.causes import DETACHED, a2a_check, failure, gradient_cause
+from nemo_dist.conformance.a2a.target import caller, module_function
+from nemo_dist.conformance.errors import NotApplicable, NotSupported
+from nemo_dist.conformance.gather.properties import (
+    LastFailure,
+    assert_same,
+    diagnosed,
+    error_rows,
+    interleaved_partition,
+)
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.registry import WorldLike
+from nemo_dist.testing import strategies as ds
+
+__all__ = [
+    "backward_returns_each_row_its_gradient",
+    "dispatch_combine_round_trips",
+    "forward_routes_rows_in_rank_order",
+    "group_is_honoured",
+    "inputs_and_grads_not_modified",
+    "mismatched_splits_refused_on_every_rank",
+    "routed",
+]
+
+Matrix = list[list[int]]
+
+
+def routed(blocks: Sequence[torch.Tensor], matrix: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """What each rank receives when rank i sends ``matrix[i][j]`` consecutive rows of ``blocks[i]`` to rank j."""
+    size = len(matrix)
+    pieces = [list(torch.split(blocks[i], list(matrix[i]))) for i in range(size)]
+    return [torch.cat([pieces[i][r] for i in range(size)]) for r in range(size)]
+
+
+def _transposed(matrix: Sequence[Sequence[int]]) -> Matrix:
+    return [[matrix[j][i] for j in range(len(matrix))] for i in range(len(matrix))]
+
+
+def _draw_matrix(data: st.DataObject, size: int, uneven: bool, symmetric: bool) -> Matrix:
+    if not uneven:
+        rows = data.draw(st.integers(0, 3), label="rows per rank pair")
+        return [[rows] * size for _ in range(size)]
+    flat = data.draw(st.lists(st.integers(0, 3), min_size=size * size, max_size=size * size), label="splits")
+    matrix = [flat[i * size:(i + 1) * size] for i in range(size)]
+    return [[matrix[min(i, j)][max(i, j)] for j in range(size)] for i in range(size)] if symmetric else matrix
+
+
+def _draw_example(data: st.DataObject, sizes: Sequence[int], uneven: bool, symmetric: bool) -> dict[str, Any]:
+    """One example: a split matrix per group (of ``sizes`` ranks; ``symmetric``: each rank sends each rank what it
+    receives from it), a trailing shape, a float dtype, a seed."""
+    return {
+        "matrices": [_draw_matrix(data, size, uneven, symmetric) for size in sizes],
+        "trailing": tuple(data.draw(st.lists(st.integers(1, 3), max_size=2), label="trailing shape")),
+        "dtype": data.draw(ds.float_dtypes(), label="dtype"),
+        "seed": data.draw(st.integers(0, 2**16), label="seed"),
+    }
+
+
+def _blocks(example: dict[str, Any], index: int, *, salt: int = 0, counts: Sequence[int]) -> list[torch.Tensor]:
+    return [
+        ranks.rows(example["seed"], r + 100 * index, n, example["trailing"], example["dtype"], salt)
+        for r, n in enumerate(counts)
+    ]
+
+
+def _expected(example: dict[str, Any], index: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Group ``index``'s outputs, and its input gradients for the seeded output gradients, rank by rank."""
+    matrix = example["matrices"][index]
+    inputs = _blocks(example, index, counts=[sum(row) for row in matrix])
+    outputs = routed(inputs, matrix)
+    grads_out = _blocks(example, index, salt=1, counts=[o.shape[0] for o in outputs])
+    return outputs, routed(grads_out, _transposed(matrix))
+
+
+def _members(partition: Sequence[Sequence[int]] | None, size: int) -> list[list[int]]:
+    return [list(m) for m in partition] if partition is not None else [list(range(size))]
+
+
+def _property(
+    world: WorldLike, impl: Implementation, *, backward: bool, grouped: bool = False, intact_only: bool = False
+) -> None:
+    """The shared property: every rank's output (and input gradient) bit-exact, the caller's tensors intact."""
+    call = caller(impl)
+    if grouped and not call.grouped:
+        raise NotSupported(f"{call.label} is passed no process group (no @group parameter): nothing to honour")
+    partition = interleaved_partition(world.size) if grouped else None
+    members = _members(partition, world.size)
+    last = LastFailure()
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        # Intactness alone on symmetric splits: a backward that fails on uneven ones (its own check's bug) still runs.
+        example = _draw_example(data, [len(m) for m in members], call.uneven, symmetric=intact_only)
+        requires_grad = backward or data.draw(st.booleans(), label="requires_grad")
+        results: list[dict[str, Any]] = []
+        with last.record(example=example, results=results):
+            results += world.run(
+                ranks.exchanged, impl, example["matrices"], example["trailing"], example["dtype"],
+                example["seed"], requires_grad=requires_grad, backward=backward, partition=partition,
+            )
+            for index, group in enumerate(members):
+                outputs, grads = _expected(example, index)
+                for place, rank in enumerate(group):
+                    found = results[rank]
+                    where = f"rank {rank}" + (f" (rank {place} of group {group})" if grouped else "")
+                    assert found["input_intact"], f"{where}: the all-to-all modified the caller's input in place"
+                    if backward:
+                        assert found["grad_intact"], f"{where}: backward modified the output gradient it was given"
+                    if intact_only:
+                        continue
+                    assert_same(found["out"], outputs[place], f"{where}: output of splits {example['matrices'][index]}")
+                    if found["requires_grad"] != requires_grad:
+                        message = (f"{where}: output requires_grad is {found['requires_grad']} for an input with "
+                                   f"requires_grad={requires_grad}")
+                        raise failure(message, DETACHED) if requires_grad else AssertionError(message)
+                    if backward:
+                        assert found["grad"] is not None, f"{where}: the sent rows got no gradient"
+                        assert_same(found["grad"], grads[place], f"{where}: input gradient of splits "
+                                    f"{example['matrices'][index]}")
+
+    def cause(example: dict[str, Any]) -> str:
+        if not backward or intact_only:
+            return ""
+        results = example["results"]
+        found, wanted = [], []
+        for index, group in enumerate(members):
+            grads = _expected(example["example"], index)[1]
+            for place, rank in enumerate(group):
+                found.append(results[rank].get("grad"))
+                wanted.append(grads[place])
+        return gradient_cause(found, wanted) if len(results) == world.size else ""
+
+    diagnosed(prop, last, cause)
+
+
+@a2a_check("a2a.forward_routes_rows_in_rank_order")
+def forward_routes_rows_in_rank_order(world: WorldLike, impl: Implementation) -> None:
+    """Rank r receives, in rank order, the rows each rank addressed to it: uneven and zero-size splits, dtype kept."""
+    _property(world, impl, backward=False)
+
+
+@a2a_check("a2a.backward_returns_each_row_its_gradient")
+def backward_returns_each_row_its_gradient(world: WorldLike, impl: Implementation) -> None:
+    """Each sent row's gradient is the gradient of the row it became: the inverse all-to-all, splits swapped."""
+    _property(world, impl, backward=True)
+
+
+@a2a_check("a2a.inputs_and_grads_not_modified")
+def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> None:
+    """Neither the caller's input nor the gradient given to backward is modified (symmetric uneven splits)."""
+    _property(world, impl, backward=True, intact_only=True)
+
+
+@a2a_check("a2a.group_is_honoured", min_world=2)
+def group_is_honoured(world: WorldLike, impl: Implementation) -> None:
+    """Over the even and the odd ranks' groups at once, each group exchanges within itself, by group rank."""
+    _property(world, impl, backward=True, grouped=True)
+
+
+@a2a_check("a2a.mismatched_splits_refused_on_every_rank", tier="extended", min_world=2)
+def mismatched_splits_refused_on_every_rank(world: WorldLike, impl: Implementation) -> None:
+    """Split sizes that disagree between ranks are an error raised on every rank, never a hang or an abort."""
+    call = caller(impl)
+    if not call.both_splits:
+        raise NotApplicable(f"{call.label} is not given both split sizes, so no call can make them disagree")
+    matrix = [[1] * world.size for _ in range(world.size)]
+    found = world.run(ranks.refused, impl, matrix, (0, 1))
+    quiet = [r for r, (kind, _) in enumerate(found) if kind == "no error"]
+    assert not quiet, (
+        f"rank 0 expects 2 rows from rank 1, which sends it 1; rank{'s' if len(quiet) > 1 else ''} "
+        f"{', '.join(map(str, quiet))} raised nothing:\n{error_rows(found)}"
+    )
+
+
+def _draw_tokens(data: st.DataObject, size: int) -> tuple[list[int], list[list[int]], int]:
+    counts = data.draw(st.lists(st.integers(0, 4), min_size=size, max_size=size), label="tokens per rank")
+    destinations = [
+        data.draw(st.lists(st.integers(0, size - 1), min_size=n, max_size=n), label=f"rank {r}'s destinations")
+        for r, n in enumerate(counts)
+    ]
+    return counts, destinations, data.draw(st.integers(0, 2**16), label="seed")
+
+
+@a2a_check("a2a.dispatch_combine_round_trips")
+def dispatch_combine_round_trips(world: WorldLike, impl: Implementation) -> None:
+    """dispatch_tokens delivers each token to its destination in source rank order; combine_tokens puts every
+    processed token back in its place; gradients flow through both."""
+    if module_function(impl, "dispatch_tokens") is None or module_function(impl, "combine_tokens") is None:
+        raise NotSupported("the target has no dispatch_tokens and combine_tokens (a module's, checked where it has "
+                           "them)")
+
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        counts, destinations, seed = _draw_tokens(data, world.size)
+        results = world.run(ranks.dispatched, impl, counts, destinations, seed)
+        tokens = [ranks.rows(seed, r, n, (3,), torch.float64) for r, n in enumerate(counts)]
+        weights = [ranks.rows(seed, r, n, (3,), torch.float64, salt=1) for r, n in enumerate(counts)]
+        for r, found in enumerate(results):
+            arrived = torch.cat([tokens[s][[d == r for d in destinations[s]]] for s in range(world.size)])
+            assert_same(found["received"], arrived, f"rank {r}: tokens dispatched to it")
+            scale = torch.tensor([d + 2 for d in destinations[r]], dtype=torch.float64).reshape(-1, 1)
+            assert_same(found["combined"], tokens[r] * scale, f"rank {r}: combined tokens")
+            assert_same(found["grad"], weights[r] * scale, f"rank {r}: tokens' gradient")
+
+    prop()
