@@ -45,6 +45,7 @@ SUITE_PACKAGES: tuple[str, ...] = (
     "nemo_dist.conformance.fsdp2",
     "nemo_dist.conformance.tp",
     "nemo_dist.conformance.a2a",
+    "nemo_dist.conformance.moe",
 )
 
 

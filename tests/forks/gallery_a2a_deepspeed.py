@@ -16,7 +16,7 @@ from tests.forks._all_to_all import exchange
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, group: Any, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (DeepSpeed's name)
+    def forward(ctx: Any, group: Any, input: torch.Tensor) -> torch.Tensor:
         ctx.group = group
         return exchange(input, None, None, group)
 

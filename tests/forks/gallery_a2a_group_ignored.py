@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
-
 import torch.distributed as dist
+from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
 
 def all_to_all(

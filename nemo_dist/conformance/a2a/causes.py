@@ -82,7 +82,7 @@ def _rank_errors_explained(run: Callable[..., None], cause: str) -> Callable[...
             run(world, impl)
         except (RankFailure, StepAborted) as exc:
             if not getattr(exc, "likely_cause", ""):
-                exc.likely_cause = cause  # type: ignore[attr-defined]
+                setattr(exc, "likely_cause", cause)  # noqa: B010 (an attribute neither class declares)
             raise
 
     return explained

@@ -1,0 +1,188 @@
+"""Rank side of the moe checks: one layer under expert parallelism against one process, every difference reported.
+
+Every rank builds the same seeded unsharded layer and every rank's seeded
+tokens (counts uneven, a rank with none among them), so each computes the
+one-process reference itself: the unsharded layer on each rank's tokens, the
+loss summed over ranks (``sum(output * projection) + AUX_WEIGHT * aux``).
+The expert-parallel copy runs on this rank's tokens only. Gradients are
+compared whole: a DTensor's ``full_tensor()``; a plain parameter's gradient
+is this rank's share, summed over the world (the data-parallel reduction a
+training loop adds). The steps take that sum, then the optimizer's step.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from nemo_dist.conformance.gather.ranks import _device
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.moe.target import AUX_WEIGHT, build_layer, dim_of, outputs, parallelize
+
+__all__ = ["run", "tokens"]
+
+_MESHES: dict[tuple[str, int], Any] = {}
+
+
+def _mesh() -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = _device().type
+    key = (device, dist.get_world_size())
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device, (key[1],), mesh_dim_names=("ep",))
+    return _MESHES[key]
+
+
+def tokens(seed: int, rank: int, count: int, dim: int, salt: int = 0) -> torch.Tensor:
+    """Rank ``rank``'s ``count`` seeded tokens (``salt`` 1: its output projection), float64."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + salt)
+    return torch.randn(count, dim, generator=generator, dtype=torch.float64)
+
+
+def _full(tensor: Any) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _difference(got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """max |got - want| relative to max(1, max |want|); None when the shapes differ."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    if got.shape != want.shape:
+        return None
+    if not got.numel():
+        return 0.0
+    return float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
+
+
+def _whole_grad(param: nn.Parameter) -> torch.Tensor:
+    """The parameter's whole gradient: a DTensor's ``full_tensor()``, a plain one summed over the world."""
+    grad = param.grad
+    if isinstance(grad, DTensor):
+        return grad.full_tensor()
+    local = (torch.zeros_like(param) if grad is None else grad).detach().clone()
+    dist.all_reduce(local)
+    return local
+
+
+def _grad_or_zeros(param: nn.Parameter) -> torch.Tensor:
+    return torch.zeros_like(param) if param.grad is None else param.grad
+
+
+def _loss(layer: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    out, aux = outputs(layer(x.to(_device())))
+    loss = (_full(out) * projection.to(_device())).sum()
+    return (loss if aux is None else loss + AUX_WEIGHT * _full(aux)), out, aux
+
+
+def _placements(layer: nn.Module) -> dict[str, str]:
+    return {
+        name: ("Shard(0)" if [repr(p) for p in param.placements] == ["Shard(dim=0)"] else
+               ",".join(repr(p) for p in param.placements)) if isinstance(param, DTensor) else "plain"
+        for name, param in layer.named_parameters()
+    }
+
+
+def _chunks_match(layer: nn.Module) -> list[str]:
+    """The DTensor parameters whose local shard is not the ``torch.chunk`` share their Shard placement says."""
+    wrong = []
+    me = dist.get_rank()
+    for name, param in layer.named_parameters():
+        if isinstance(param, DTensor) and len(param.placements) == 1 and param.placements[0].is_shard():
+            dim = param.placements[0].dim  # type: ignore[attr-defined]
+            share = torch.chunk(param.full_tensor(), param.device_mesh.size(), dim=dim)
+            mine = share[me] if me < len(share) else param.full_tensor().narrow(dim, 0, 0)
+            if not torch.equal(param.to_local(), mine):
+                wrong.append(name)
+    return wrong
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+def _sum_plain_grads(layer: nn.Module) -> None:
+    for param in layer.parameters():
+        if not isinstance(param, DTensor) and param.grad is not None:
+            dist.all_reduce(param.grad)
+
+
+def run(impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """One example: forward, backward and ``steps`` of the expert-parallel layer and of one process; what differs."""
+    me = dist.get_rank()
+    reference = build_layer(impl, seed).to(_device())
+    before = {name: p.detach().clone() for name, p in reference.named_parameters()}
+    try:
+        layer = parallelize(impl, copy.deepcopy(reference), _mesh())
+    except Exception as exc:  # the target refused or broke: the checks report its error
+        return {"error": f"{type(exc).__name__}: {exc}", "where": "applying expert parallelism"}
+    dim = dim_of(reference)
+    xs = [tokens(seed, r, n, dim) for r, n in enumerate(counts)]
+    projections = [tokens(seed, r, n, dim, salt=1) for r, n in enumerate(counts)]
+    found: dict[str, Any] = {"placements": _placements(layer), "chunks_wrong": _chunks_match(layer)}
+    found["start"] = {
+        name: _difference(_full(p), before[name]) for name, p in layer.named_parameters() if name in before
+    }
+    try:
+        loss, out, aux = _loss(layer, xs[me], projections[me])
+        loss.backward()
+    except Exception as exc:  # its forward or backward raised: the checks report it
+        return {**found, "error": f"{type(exc).__name__}: {exc}", "where": "in forward or backward"}
+    reference_loss = torch.zeros((), dtype=torch.float64, device=_device())
+    want_out = want_aux = None
+    for r in range(len(counts)):
+        part, o, a = _loss(reference, xs[r], projections[r])
+        reference_loss = reference_loss + part
+        if r == me:
+            want_out, want_aux = o, a
+    reference_loss.backward()
+    assert want_out is not None
+    found["out"] = _difference(_full(out), want_out)
+    found["aux"] = None if aux is None or want_aux is None else _difference(_full(aux), want_aux)
+    found["has_aux"] = aux is not None
+    reference_params = dict(reference.named_parameters())
+    found["grads"] = {
+        name: _difference(_whole_grad(p), _grad_or_zeros(reference_params[name]))
+        for name, p in layer.named_parameters() if name in reference_params
+    }
+    found["steps"] = _train(layer, reference, xs, projections, steps, me)
+    found["replicated_digests"] = {
+        name: _digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()
+        if not isinstance(p, DTensor) or not any(pl.is_shard() for pl in p.placements)
+    }
+    return found
+
+
+def _train(
+    layer: nn.Module, reference: nn.Module, xs: list[torch.Tensor], projections: list[torch.Tensor],
+    steps: Sequence[tuple[str, int]], me: int,
+) -> dict[str, float | None]:
+    """``steps`` (optimizer, count) on both, from the gradients of the backward already taken; what differs after."""
+    for kind, count in steps:
+        opt = (torch.optim.SGD if kind == "sgd" else torch.optim.Adam)(layer.parameters(), lr=0.05)
+        ref_opt = (torch.optim.SGD if kind == "sgd" else torch.optim.Adam)(reference.parameters(), lr=0.05)
+        for _ in range(count):
+            _sum_plain_grads(layer)
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            _loss(layer, xs[me], projections[me])[0].backward()
+            sum(_loss(reference, xs[r], projections[r])[0] for r in range(len(xs))).backward()  # type: ignore[union-attr]
+    reference_params = dict(reference.named_parameters())
+    return {name: _difference(_full(p), reference_params[name]) for name, p in layer.named_parameters()
+            if name in reference_params}
+
+
+def placements(impl: Implementation) -> dict[str, str] | str:
+    """How the target places each parameter of the layer (``Shard(0)``, ``plain``...), or the error it raised."""
+    try:
+        return _placements(parallelize(impl, build_layer(impl, 0).to(_device()), _mesh()))
+    except Exception as exc:  # reported by the checks, which run it again
+        return f"{type(exc).__name__}: {exc}"

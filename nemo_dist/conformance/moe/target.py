@@ -1,0 +1,68 @@
+"""How the moe suite calls what it checks: the unsharded layer, the expert-parallel function, the layer's outputs.
+
+The target is a function ``(moe_layer, ep_mesh) -> layer`` (``--moe-fn``;
+None back: changed in place) applied to a copy of the unsharded layer: the
+suite's :class:`~nemo_dist.conformance.moe.layer.TinyMoE`, or the
+``--moe-layer`` factory's. ``ep_mesh`` is a 1-D ``DeviceMesh`` named
+``("ep",)`` over the whole world on the backend's device type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from nemo_dist.conformance.errors import OptionError
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.moe.layer import TinyMoE
+
+__all__ = ["AUX_WEIGHT", "build_layer", "dim_of", "outputs", "parallelize", "validate"]
+
+#: The auxiliary loss's weight in the loss every check backpropagates.
+AUX_WEIGHT = 0.25
+
+
+def build_layer(impl: Implementation, seed: int) -> nn.Module:
+    """The unsharded layer, float64, seeded with ``seed`` (the same on every rank)."""
+    torch.manual_seed(seed)
+    factory = impl.suite_option("moe_layer")
+    layer = resolve_callable(factory)() if factory else TinyMoE()
+    return layer.to(torch.float64)
+
+
+def dim_of(layer: nn.Module) -> int:
+    """The width of the tokens ``layer`` takes: its router's (or first Linear's) input features."""
+    for module in layer.modules():
+        if isinstance(module, nn.Linear):
+            return module.in_features
+    for param in layer.parameters():
+        return int(param.shape[-1])
+    raise OptionError("{opt:moe_layer} builds a layer with no parameters")
+
+
+def parallelize(impl: Implementation, layer: nn.Module, mesh: Any) -> nn.Module:
+    """``layer`` under the target's expert parallelism (its return value, or ``layer`` where it returns None)."""
+    made = resolve_callable(impl.suite_option("moe_fn"))(layer, mesh)
+    return layer if made is None else made
+
+
+def outputs(found: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer call's ``(output, aux_loss)``: a tuple's first two, or the output alone (no auxiliary loss)."""
+    if isinstance(found, (tuple, list)):
+        aux = found[1] if len(found) > 1 and isinstance(found[1], torch.Tensor) else None
+        return found[0], aux
+    return found, None
+
+
+def validate(impl: Implementation) -> None:
+    """Import what the moe options name (in the parent, before any world starts); ``OptionError`` naming it."""
+    for field, what in (("moe_fn", "an expert-parallel function"), ("moe_layer", "a layer factory")):
+        spec = impl.suite_option(field)
+        if spec is not None:
+            try:
+                resolve_callable(spec, "mypackage.moe:apply_ep", what)
+            except OptionError as exc:
+                raise OptionError(f"{{opt:{field}}}: {exc.template}") from None

@@ -1,0 +1,81 @@
+"""Layer 2: gloo worlds of 2 ranks. The gallery of expert parallelism (``tests/forks/gallery_moe_*``).
+
+Each row re-expresses one public pattern (its docstring names it;
+``conformance/README.md`` has the table) and runs as ``nemo-dist-conformance
+--moe-fn ...`` runs it, every moe check, in a world of 2 (the suite's 12
+experts, 6 a rank). A correct row conforms; a broken one fails exactly the
+checks it lists, naming its cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.moe.checks import CAUSES, EXPERT, ROUTER
+from nemo_dist.conformance.report import format_report
+from nemo_dist.conformance.target import resolve_implementation, validate_implementation
+from nemo_dist.testing.plugin import WorldFactory
+
+G = "tests.forks.gallery_moe_"
+FORWARD, GRADIENTS = "moe.forward_equals_one_process", "moe.gradients_equal_one_process"
+TRAINS, SHARDED = "moe.trains_like_one_process", "moe.experts_sharded_over_ep"
+
+
+@dataclass(frozen=True)
+class Row:
+    """An expert-parallel function (``MODULE:NAME``), the moe checks it fails and what its first failure names."""
+
+    fn: str
+    failing: frozenset[str] = frozenset()
+    cause: str | None = None
+
+
+def _cause(text: str) -> str:
+    return text.split(":")[0]
+
+
+GALLERY: dict[str, Row] = {
+    "bundled": Row("nemo_dist.distributed.expert_parallel:parallelize_experts"),
+    "torchtitan": Row(G + "torchtitan:apply_ep"),
+    "allgather_allreduce": Row(G + "allgather_allreduce:apply_ep"),
+    "router_detached": Row(G + "router_detached:apply_ep", frozenset({GRADIENTS, TRAINS}), _cause(ROUTER)),
+    "router_replicate_unreduced": Row(
+        G + "router_replicate_unreduced:apply_ep", frozenset({GRADIENTS, TRAINS}), _cause(ROUTER)
+    ),
+    "expert_grads_reduced": Row(G + "expert_grads_reduced:apply_ep", frozenset({GRADIENTS, TRAINS}), _cause(EXPERT)),
+    "owner_round_robin": Row(
+        G + "owner_round_robin:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
+        _cause(CAUSES["forward_equals_one_process"]),
+    ),
+}
+
+_REPORTS: dict[str, tuple[Report, str]] = {}
+
+
+def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
+    if name not in _REPORTS:
+        impl, components = resolve_implementation(suite_options={"moe_fn": GALLERY[name].fn})
+        validate_implementation(impl, components)
+        checks = select_checks(load_checks().values(), impl, "all", None, components)
+        report = run_checks(checks, impl, (2,), worlds=world_factory, components=components)
+        _REPORTS[name] = (report, format_report(report))
+    return _REPORTS[name]
+
+
+@pytest.mark.xdist_group(name="moe_gallery")
+@pytest.mark.parametrize("name", list(GALLERY))
+def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
+    name: str, world_factory: WorldFactory
+) -> None:
+    """A correct row passes every moe check; a broken one fails exactly its checks, the first naming its cause."""
+    row = GALLERY[name]
+    report, table = _report(name, world_factory)
+    assert {v.check for v in report.verdicts if v.failed} == row.failing, table
+    assert report.exit_code() == (1 if row.failing else 0), table
+    if row.cause is not None:
+        first = next(v for v in report.verdicts if v.failed)
+        assert row.cause in (first.cause or ""), table
+    assert "moe placements in a world of 2: router.weight" in table, table
