@@ -167,4 +167,5 @@ def validate(impl: Implementation) -> None:
                           "called as the contract says)")
     if impl.suite_option("a2a_fn") is not None and impl.suite_option("a2a") is not None:
         raise OptionError("{opt:a2a} names a module and {opt:a2a_fn} a callable; give one of them")
-    caller(impl)
+    if impl.suite_option("a2a_fn") is not None or impl.suite_option("a2a") is not None:
+        caller(impl)
