@@ -67,6 +67,11 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
     "nemo_dist/distributed/tensor_parallel.py": (
         "--tp", "nemo_dist.distributed.tensor_parallel", "--tp-arch", "Qwen3ForCausalLM",
     ),
+    "nemo_dist/distributed/all_to_all.py": ("--a2a", "nemo_dist.distributed.all_to_all"),
+    # The bundled expert parallelism dispatches through all_to_all: both are checked through --moe-fn too.
+    "nemo_dist/distributed/expert_parallel.py": (
+        "--moe-fn", "nemo_dist.distributed.expert_parallel:parallelize_experts",
+    ),
 }
 
 #: How an EXPLAINED reason says the mutant changes only what a CPU run cannot observe.
