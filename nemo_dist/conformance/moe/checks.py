@@ -6,18 +6,26 @@ no tokens) through :func:`~nemo_dist.conformance.moe.ranks.run`; the checks
 read that one run. Tolerances: the suite's layer is float64 throughout, and
 an expert-parallel layer adds the same products in another order than one
 process, so outputs, losses, gradients and parameters after steps are held
-to 1e-10 relative to ``max(1, max |expected|)``; replicated parameters after
-steps are compared by their bytes across ranks.
+to 1e-10 relative to ``max(1, max |expected|)``, or to the rounding of a
+declared ``--moe-compute-dtype`` (:func:`~nemo_dist.conformance.moe.target.tolerance`);
+replicated parameters after steps are compared by their bytes across ranks.
+A float64 run whose every difference is within float32's rounding names
+that as its likely cause, not a bug of the dispatch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from nemo_dist.conformance.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
+from nemo_dist.conformance.moe.target import tolerance
 from nemo_dist.conformance.registry import WorldLike, WorldRule, check, with_likely_cause
 
 __all__ = [
@@ -32,7 +40,6 @@ __all__ = [
 #: Tokens per rank of each schedule (the first W entries in a world of W).
 SCHEDULES: tuple[tuple[int, ...], ...] = ((5, 0, 3, 1), (2, 6, 0, 4))
 STEPS = (("sgd", 1), ("adam", 1))
-TOLERANCE = 1e-10
 #: Experts of the suite's layer: a world whose size does not divide them cannot hold whole experts per rank.
 EXPERTS = 12
 
@@ -50,6 +57,14 @@ EXPERT = (
     "expert gradients wrong: the backward of the dispatch or combine does not return each token's gradient to "
     "its expert (splits not swapped, rows permuted), or an expert's gradient is reduced again over ranks that "
     "hold different experts"
+)
+
+#: What a float32 computation may differ by (the tolerance ``--moe-compute-dtype float32`` allows).
+FLOAT32_TOLERANCE = COMPUTE_ROUNDINGS * unit_roundoff(torch.float32)
+ROUNDING = (
+    "every difference (at most {largest:.3g}) is within float32's rounding ({allowed:.3g}): the layer computes, "
+    "gathers or adds up in float32 somewhere while its parameters are float64; if it does so by design, declare "
+    "--moe-compute-dtype float32 (under pytest --conformance-moe-compute-dtype float32)"
 )
 
 CAUSES = {
@@ -86,11 +101,28 @@ def _runs(world: WorldLike, impl: Implementation) -> list[tuple[tuple[int, ...],
     return found
 
 
-def _off(differences: dict[str, float | None]) -> list[str]:
-    return [
-        f"{name} " + ("of the wrong shape" if d is None else f"off by {d:.3g}")
-        for name, d in differences.items() if d is None or d > TOLERANCE
-    ]
+def _off(differences: dict[str, float | None], impl: Implementation) -> tuple[list[str], float]:
+    """What is off by more than the tolerance, worded, and the largest difference (inf for a wrong shape)."""
+    allowed = tolerance(impl)
+    wrong = {name: d for name, d in differences.items() if d is None or d > allowed}
+    words = [f"{name} " + ("of the wrong shape" if d is None else f"off by {d:.3g} (tolerance {allowed:.3g})")
+             for name, d in wrong.items()]
+    return words, max((float("inf") if d is None else d for d in wrong.values()), default=0.0)
+
+
+def _check_close(differences: dict[str, float | None], impl: Implementation, where: str,
+                 cause: Callable[[list[str]], str | None] = lambda wrong: None) -> None:
+    """Fail naming what is off (``where`` first) when something is; the likely cause is float32's rounding when
+    every difference is within it and no lower compute dtype was declared, else ``cause(wrong)`` when it names
+    one, else the check's own."""
+    wrong, largest = _off(differences, impl)
+    if not wrong:
+        return
+    message = f"{where}{', '.join(wrong)}"
+    if tolerance(impl) < FLOAT32_TOLERANCE and largest <= FLOAT32_TOLERANCE:
+        raise _failure(message, ROUNDING.format(largest=largest, allowed=FLOAT32_TOLERANCE))
+    named = cause(wrong)
+    raise _failure(message, named) if named else AssertionError(message)
 
 
 def moe_check(name: str, *, rule: WorldRule | None = EXPERTS_SPLIT) -> Callable[[Callable[..., None]], Any]:
@@ -114,8 +146,14 @@ def forward_equals_one_process(world: WorldLike, impl: Implementation) -> None:
     """Each rank's output and auxiliary load-balance loss equal one process's on that rank's tokens."""
     for counts, reports in _runs(world, impl):
         for rank, found in enumerate(reports):
-            wrong = _off({"output": found["out"], **({"aux loss": found["aux"]} if found["has_aux"] else {})})
-            assert not wrong, f"tokens per rank {list(counts)}, rank {rank}: {', '.join(wrong)}"
+            _check_close({"output": found["out"], **({"aux loss": found["aux"]} if found["has_aux"] else {})},
+                         impl, f"tokens per rank {list(counts)}, rank {rank}: ")
+
+
+def _router_only(placements: dict[str, str], wrong: list[str]) -> str | None:
+    """:data:`ROUTER` when every wrong gradient is a replicated parameter's (plain, or sharded nowhere)."""
+    plain = {n for n, p in placements.items() if p == "plain" or "Shard" not in p}
+    return ROUTER if all(w.split(" ")[0] in plain for w in wrong) else None
 
 
 @moe_check("moe.gradients_equal_one_process")
@@ -124,12 +162,8 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
     process's on the whole batch."""
     for counts, reports in _runs(world, impl):
         for rank, found in enumerate(reports):
-            wrong = _off(found["grads"])
-            if wrong:
-                plain = {n for n, p in found["placements"].items() if p == "plain" or "Shard" not in p}
-                only_router = all(w.split(" ")[0] in plain for w in wrong)
-                message = f"tokens per rank {list(counts)}, rank {rank}: gradients {', '.join(wrong)}"
-                raise _failure(message, ROUTER) if only_router else AssertionError(message)
+            _check_close(found["grads"], impl, f"tokens per rank {list(counts)}, rank {rank}: gradients ",
+                         functools.partial(_router_only, found["placements"]))
 
 
 @moe_check("moe.trains_like_one_process")
@@ -138,8 +172,7 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     (plain, or a DTensor sharded nowhere) is bit-identical on every rank."""
     for counts, reports in _runs(world, impl):
         for rank, found in enumerate(reports):
-            wrong = _off(found["steps"])
-            assert not wrong, f"tokens per rank {list(counts)}, rank {rank}: after steps {', '.join(wrong)}"
+            _check_close(found["steps"], impl, f"tokens per rank {list(counts)}, rank {rank}: after steps ")
         for name, digest in reports[0]["replicated_digests"].items():
             apart = [r for r, f in enumerate(reports) if f["replicated_digests"].get(name) != digest]
             assert not apart, (
@@ -154,8 +187,7 @@ def experts_sharded_over_ep(world: WorldLike, impl: Implementation) -> None:
     sharding kept every weight."""
     _counts, reports = _runs(world, impl)[0]
     found = reports[0]
-    changed = _off(found["start"])
-    assert not changed, f"sharding changed the layer's weights: {', '.join(changed)}"
+    _check_close(found["start"], impl, "sharding changed the layer's weights: ")
     wrong = sorted({name for f in reports for name in f["chunks_wrong"]})
     assert not wrong, f"local shards that are not their placement's chunk: {', '.join(wrong)}"
     if world.size > 1:

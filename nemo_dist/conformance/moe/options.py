@@ -10,10 +10,15 @@ from __future__ import annotations
 from nemo_dist.conformance.option_spec import Doc, Option
 from nemo_dist.conformance.suites import SuiteTarget
 
-__all__ = ["OPTIONS", "TARGET"]
+__all__ = ["OPTIONS", "TABLES", "TARGET"]
 
 _NAMES = "names"  # the README table "| option | what it names |"
-_MOE = "a2a"  # the README table of the expert-parallel section
+_MOE = "moe"  # the README table "| option | what it says |" of the expert-parallel section
+
+
+#: The README option table of expert parallelism (conformance/README.md, "Mixture of experts under expert
+#: parallelism").
+TABLES = {_MOE: "what it says"}
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -35,11 +40,19 @@ OPTIONS: tuple[Option, ...] = (
                         "`layer(tokens)` with tokens `[T, dim]`, returning the output or `(output, aux_loss)` "
                         "(default: the suite's tiny top-k layer); every rank calls it under the same seed"),),
     ),
+    Option(
+        "--moe-compute-dtype", metavar="DTYPE", choices=("float64", "float32", "bfloat16", "float16"),
+        help="the least precise dtype the layer computes or adds up in whatever its parameters' (float64, "
+        "float32, bfloat16 or float16; default float64): the checks then allow that dtype's rounding",
+        docs=(Doc(_MOE, "the least precise dtype the layer computes or adds up in, whatever its parameters' "
+                        "(default `float64`; upstream's `GroupedExperts` gathers its routing weights in `float32`): "
+                        "the checks then allow 32 roundings of that dtype instead of 1e-10"),),
+    ),
 )
 
 TARGET = SuiteTarget(
     component="moe",
-    fields=("moe_fn", "moe_layer"),
+    fields=("moe_fn", "moe_layer", "moe_compute_dtype"),
     reference={"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts"},
     presets={
         "nemo_dist": {"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts"},

@@ -14,15 +14,33 @@ from typing import Any
 import torch
 from torch import nn
 
+from nemo_dist.conformance.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
 from nemo_dist.conformance.errors import OptionError
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.moe.layer import TinyMoE
+from nemo_dist.conformance.wrapping import DTYPES
 
-__all__ = ["AUX_WEIGHT", "build_layer", "dim_of", "outputs", "parallelize", "validate"]
+__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "build_layer", "dim_of", "outputs", "parallelize", "tolerance",
+           "validate"]
 
 #: The auxiliary loss's weight in the loss every check backpropagates.
 AUX_WEIGHT = 0.25
+#: How far a float64 layer may be from one process: the same products added in another order.
+FLOAT64_TOLERANCE = 1e-10
+
+
+def tolerance(impl: Implementation) -> float:
+    """The largest difference the checks allow, relative to ``max(1, max |expected|)``.
+
+    1e-10 for a layer computed in float64; for a declared ``--moe-compute-dtype``
+    below it, :data:`~nemo_dist.conformance.ddp.expectations.COMPUTE_ROUNDINGS`
+    roundings of that dtype's unit roundoff (about 1.9e-6 for float32).
+    """
+    name = impl.suite_option("moe_compute_dtype") or "float64"
+    if name == "float64":
+        return FLOAT64_TOLERANCE
+    return COMPUTE_ROUNDINGS * unit_roundoff(getattr(torch, name))
 
 
 def build_layer(impl: Implementation, seed: int) -> nn.Module:
@@ -59,6 +77,9 @@ def outputs(found: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def validate(impl: Implementation) -> None:
     """Import what the moe options name (in the parent, before any world starts); ``OptionError`` naming it."""
+    dtype = impl.suite_option("moe_compute_dtype")
+    if dtype is not None and dtype not in DTYPES:
+        raise OptionError(f"{{opt:moe_compute_dtype}} expects one of {', '.join(DTYPES)}; got {dtype!r}")
     for field, what in (("moe_fn", "an expert-parallel function"), ("moe_layer", "a layer factory")):
         spec = impl.suite_option(field)
         if spec is not None:
