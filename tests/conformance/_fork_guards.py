@@ -22,6 +22,12 @@ def _accepted(value: str) -> tuple[str, str]:
 
 #: Broken fork -> (the check guarding its bug, a regular expression its failure message matches).
 GUARDS: dict[str, list[tuple[str, str]]] = {
+    "broken_a2a_refusal_crashes": [
+        ("a2a.mismatched_sizes_refused_on_every_rank", "raised TypeError, which a refusal of well-typed input is not")
+    ],
+    "broken_a2a_destinations_clamped": [
+        ("a2a.bad_destinations_refused_on_every_rank", r"rank 0 sends a token to rank 2, .* raised nothing")
+    ],
     "broken_gather_no_cross_rank_sum": [("gather.backward_sums_rank_slices", "gradient of x")],
     "broken_gather_wrong_order": [("gather.forward_matches_cat", "gathered output: values differ")],
     "broken_gather_mutates_grad": [("gather.inputs_and_grads_not_modified", "modified in place")],

@@ -65,12 +65,13 @@ def _component(module: str) -> str:
         ("config", ("DDPConfig",)),
         ("fsdp2", ("FSDP2Manager", "fsdp2_strategy_parallelize")),
         ("tp", ("parallelize_tp",)),
+        ("a2a", ("all_to_all_with_grad",)),
     ):
         if any(hasattr(fork, n) for n in names):
             return component
     raise AssertionError(
         f"{module} provides none of all_gather_with_grad, DDPManager, parallelize_ddp, DDPConfig, FSDP2Manager, "
-        "parallelize_tp"
+        "parallelize_tp, all_to_all_with_grad"
     )
 
 

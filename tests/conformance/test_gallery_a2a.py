@@ -23,7 +23,7 @@ from nemo_dist.testing.plugin import WorldFactory
 G = "tests.forks.gallery_a2a_"
 FORWARD, BACKWARD = "a2a.forward_routes_rows_in_rank_order", "a2a.backward_returns_each_row_its_gradient"
 INTACT, GROUP = "a2a.inputs_and_grads_not_modified", "a2a.group_is_honoured"
-MISMATCHED = "a2a.mismatched_splits_refused_on_every_rank"
+MISMATCHED = "a2a.mismatched_sizes_refused_on_every_rank"
 #: What torch's own all-to-alls fail: splits that disagree go to the backend unchecked (extended tier).
 UNCHECKED = frozenset({MISMATCHED})
 

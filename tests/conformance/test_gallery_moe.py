@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance.moe.checks import CAUSES, EXPERT, ROUTER
+from nemo_dist.conformance.moe.checks import CAUSES, EXPERT, ROUTER, TOKENS
 from nemo_dist.conformance.report import format_report
 from nemo_dist.conformance.target import resolve_implementation, validate_implementation
 from nemo_dist.testing.plugin import WorldFactory
@@ -58,6 +58,7 @@ GALLERY: dict[str, Row] = {
         G + "owner_round_robin:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
         _cause(CAUSES["forward_equals_one_process"]),
     ),
+    "tokens_grad_sliced": Row(G + "tokens_grad_sliced:apply_ep", frozenset({GRADIENTS}), _cause(TOKENS)),
     "upstream": Row(
         G + "upstream:apply_ep",
         options={"moe_layer": G + "upstream:layer", "moe_compute_dtype": "float32"},

@@ -8,6 +8,7 @@ Correct. ``--moe-fn tests.forks.gallery_moe_allgather_allreduce:apply_ep``.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,8 +19,17 @@ from torch import nn
 from tests.forks._experts import local_mlp, shard_experts
 
 
-def apply_ep(layer: nn.Module, ep_mesh: Any) -> nn.Module:
-    """Shard the experts; every rank computes its experts' share for all tokens, summed over ranks."""
+def padded_gather(t: torch.Tensor, sizes: list[int], group: Any) -> list[torch.Tensor]:
+    """Every rank's rows of ``t`` (``sizes[r]`` each), padded to the longest for torch's autograd all-gather."""
+    padded = torch.cat([t, t.new_zeros((max(sizes) - t.shape[0], *t.shape[1:]))])
+    return [g[:n] for g, n in zip(dist_nn.all_gather(padded, group=group), sizes, strict=True)]
+
+
+def gathered_experts(
+    layer: nn.Module, ep_mesh: Any, gather_tokens: Callable[[torch.Tensor, list[int], Any], list[torch.Tensor]]
+) -> nn.Module:
+    """Shard the experts; every rank computes its experts' share for all tokens (brought by ``gather_tokens``),
+    summed over ranks."""
     per_rank = shard_experts(layer, ep_mesh)
     group = ep_mesh.get_group()
 
@@ -29,15 +39,9 @@ def apply_ep(layer: nn.Module, ep_mesh: Any) -> nn.Module:
         counts = [torch.empty_like(count) for _ in range(size)]
         dist.all_gather(counts, count, group=group)
         sizes = [int(c) for c in counts]
-        longest = max(sizes)
-
-        def gathered(t: torch.Tensor) -> list[torch.Tensor]:
-            padded = torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
-            return [g[:n] for g, n in zip(dist_nn.all_gather(padded, group=group), sizes, strict=True)]
-
-        all_tokens = torch.cat(gathered(tokens))
-        all_indices = torch.cat(gathered(indices.to(tokens.dtype))).long()
-        all_weights = torch.cat(gathered(weights))
+        all_tokens = torch.cat(gather_tokens(tokens, sizes, group))
+        all_indices = torch.cat(padded_gather(indices.to(tokens.dtype), sizes, group)).long()
+        all_weights = torch.cat(padded_gather(weights, sizes, group))
         k = all_indices.shape[1]
         pairs = torch.arange(all_tokens.shape[0]).repeat_interleave(k)
         flat = all_indices.reshape(-1)
@@ -51,3 +55,8 @@ def apply_ep(layer: nn.Module, ep_mesh: Any) -> nn.Module:
 
     layer.experts.forward = types.MethodType(forward, layer.experts)
     return layer
+
+
+def apply_ep(layer: nn.Module, ep_mesh: Any) -> nn.Module:
+    """Shard the experts; every rank computes its experts' share for all tokens, summed over ranks."""
+    return gathered_experts(layer, ep_mesh, padded_gather)

@@ -50,9 +50,11 @@ CAUSES = {
     "(a buffer reused for the result, or the output's gradient scaled in place)",
     "group_is_honoured": "the process group ignored (the whole world's used), or a rank's place in the group taken "
     "from its global rank",
-    "mismatched_splits_refused_on_every_rank": "split sizes passed to the collective unchecked: ranks that "
-    "disagree on them make the backend abort the process (gloo), hang or deliver garbage (NCCL), where a small "
-    "exchange of the sizes first would let every rank raise",
+    "mismatched_sizes_refused_on_every_rank": "split sizes or row shapes passed to the collective unchecked: ranks "
+    "that disagree on them make the backend abort the process (gloo), hang or deliver garbage (NCCL), where a small "
+    "exchange of the sizes first would let every rank raise; or the refusal's own code raising instead",
+    "bad_destinations_refused_on_every_rank": "destinations not checked against the group before counts are "
+    "exchanged: a token addressed outside the group is dropped, clamped or crashes one rank while the others wait",
     "dispatch_combine_round_trips": "a token dispatched to the wrong rank or combined into the wrong place: the "
     "route's order not inverted in combine, or counts not exchanged so a receiver's splits are wrong",
 }

@@ -34,12 +34,14 @@ from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.testing import strategies as ds
 
 __all__ = [
+    "CRASHES",
     "backward_returns_each_row_its_gradient",
+    "bad_destinations_refused_on_every_rank",
     "dispatch_combine_round_trips",
     "forward_routes_rows_in_rank_order",
     "group_is_honoured",
     "inputs_and_grads_not_modified",
-    "mismatched_splits_refused_on_every_rank",
+    "mismatched_sizes_refused_on_every_rank",
     "routed",
 ]
 
@@ -178,19 +180,47 @@ def group_is_honoured(world: WorldLike, impl: Implementation) -> None:
     _property(world, impl, backward=True, grouped=True)
 
 
-@a2a_check("a2a.mismatched_splits_refused_on_every_rank", tier="extended", min_world=2)
-def mismatched_splits_refused_on_every_rank(world: WorldLike, impl: Implementation) -> None:
-    """Split sizes that disagree between ranks are an error raised on every rank, never a hang or an abort."""
+#: Errors that say the target's own code broke on its way to refusing (a message built wrongly, say), not that it
+#: refused the input: the input of these calls is well typed.
+CRASHES = ("TypeError", "AttributeError", "NameError", "UnboundLocalError")
+
+
+def _refused_everywhere(found: Sequence[tuple[str, str]], what: str) -> None:
+    """Every rank raised, and no rank's error is a crash of the target's own code (:data:`CRASHES`)."""
+    quiet = [r for r, (kind, _) in enumerate(found) if kind == "no error"]
+    assert not quiet, (
+        f"{what}; rank{'s' if len(quiet) > 1 else ''} {', '.join(map(str, quiet))} raised nothing:\n"
+        f"{error_rows(found)}"
+    )
+    crashed = [r for r, (kind, _) in enumerate(found) if kind in CRASHES]
+    assert not crashed, (
+        f"{what}; rank{'s' if len(crashed) > 1 else ''} {', '.join(map(str, crashed))} raised "
+        f"{found[crashed[0]][0]}, which a refusal of well-typed input is not: the target's own code broke on the "
+        f"way:\n{error_rows(found)}"
+    )
+
+
+@a2a_check("a2a.mismatched_sizes_refused_on_every_rank", tier="extended", min_world=2)
+def mismatched_sizes_refused_on_every_rank(world: WorldLike, impl: Implementation) -> None:
+    """Split sizes, or row shapes, that disagree between ranks are an error the target raises on every rank (not a
+    TypeError of its own code), never a hang or an abort."""
     call = caller(impl)
     if not call.both_splits:
         raise NotApplicable(f"{call.label} is not given both split sizes, so no call can make them disagree")
     matrix = [[1] * world.size for _ in range(world.size)]
-    found = world.run(ranks.refused, impl, matrix, (0, 1))
-    quiet = [r for r, (kind, _) in enumerate(found) if kind == "no error"]
-    assert not quiet, (
-        f"rank 0 expects 2 rows from rank 1, which sends it 1; rank{'s' if len(quiet) > 1 else ''} "
-        f"{', '.join(map(str, quiet))} raised nothing:\n{error_rows(found)}"
-    )
+    _refused_everywhere(world.run(ranks.refused, impl, matrix, "splits"),
+                        "rank 0 expects 2 rows from rank 1, which sends it 1")
+    _refused_everywhere(world.run(ranks.refused, impl, matrix, "rows"),
+                        "rank 0's rows are 3 wide, every other rank's 2 (one row to each rank)")
+
+
+@a2a_check("a2a.bad_destinations_refused_on_every_rank", tier="extended", min_world=2)
+def bad_destinations_refused_on_every_rank(world: WorldLike, impl: Implementation) -> None:
+    """A module's ``dispatch_tokens`` given a destination outside the group on one rank raises on every rank."""
+    if module_function(impl, "dispatch_tokens") is None:
+        raise NotSupported("the target has no dispatch_tokens (a module's, checked where it has it)")
+    _refused_everywhere(world.run(ranks.misdirected, impl),
+                        f"rank 0 sends a token to rank {world.size}, outside the group of {world.size}")
 
 
 def _draw_tokens(data: st.DataObject, size: int) -> tuple[list[int], list[list[int]], int]:

@@ -19,7 +19,7 @@ from nemo_dist.conformance.a2a.target import caller, module_function
 from nemo_dist.conformance.gather.ranks import _device, _group, same_bits
 from nemo_dist.conformance.implementation import Implementation
 
-__all__ = ["dispatched", "exchanged", "refused", "rows"]
+__all__ = ["dispatched", "exchanged", "misdirected", "refused", "rows"]
 
 
 def rows(seed: int, rank: int, count: int, trailing: Sequence[int], dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
@@ -80,22 +80,39 @@ def exchanged(
     return found
 
 
-def refused(impl: Implementation, matrix: Sequence[Sequence[int]], off_by_one: tuple[int, int]) -> tuple[str, str]:
-    """One call where rank ``off_by_one[0]`` expects one row more from rank ``off_by_one[1]`` than it is sent.
+def refused(impl: Implementation, matrix: Sequence[Sequence[int]], case: str) -> tuple[str, str]:
+    """One call the ranks disagree on: ``case`` "splits" (rank 0 expects one row more from rank 1 than it is sent)
+    or "rows" (rank 0's rows are 3 wide, the others' 2).
 
     Returns ``(exception type, message)``, or ``("no error", what it returned)``.
     """
     me = dist.get_rank()
     sent = list(matrix[me])
     received = [matrix[i][me] for i in range(len(matrix))]
-    if me == off_by_one[0]:
-        received[off_by_one[1]] += 1
-    x = rows(0, me, sum(sent), (2,), torch.float64).to(_device()).requires_grad_()
+    if case == "splits" and me == 0:
+        received[1] += 1
+    width = 3 if case == "rows" and me == 0 else 2
+    x = rows(0, me, sum(sent), (width,), torch.float64).to(_device()).requires_grad_()
+    return _outcome(lambda: caller(impl)(x, sent, received, dist.group.WORLD))
+
+
+def _outcome(call: Any) -> tuple[str, str]:
     try:
-        out = caller(impl)(x, sent, received, dist.group.WORLD)
+        out = call()
     except Exception as exc:  # any error of the call: the check asserts every rank raised one
         return type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(out, tuple):
+        out = out[0]
     return "no error", f"returned shape {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
+
+
+def misdirected(impl: Implementation) -> tuple[str, str]:
+    """``dispatch_tokens`` where rank 0 sends its last token to rank ``size`` (outside the group), the others to
+    rank 0. Returns ``(exception type, message)``, or ``("no error", what it returned)``."""
+    me, size = dist.get_rank(), dist.get_world_size()
+    tokens = rows(0, me, 2, (3,), torch.float64).to(_device()).requires_grad_()
+    where = torch.tensor([0, size if me == 0 else 0], dtype=torch.int64, device=_device())
+    return _outcome(lambda: module_function(impl, "dispatch_tokens")(tokens, where, dist.group.WORLD))
 
 
 def dispatched(

@@ -66,6 +66,12 @@ ROUNDING = (
     "gathers or adds up in float32 somewhere while its parameters are float64; if it does so by design, declare "
     "--moe-compute-dtype float32 (under pytest --conformance-moe-compute-dtype float32)"
 )
+TOKENS = (
+    "the tokens' gradient is wrong while the parameters' are right: the gather that brings tokens to the experts "
+    "has a backward that keeps this rank's slice of the gradient (full_tensor()'s backward, Replicate to Shard) "
+    "where every rank's gradient of those rows must be summed first (a reduce-scatter), or the combine's backward "
+    "returns the rows to the wrong tokens"
+)
 
 CAUSES = {
     "forward_equals_one_process": "tokens sent to the wrong expert or combined into the wrong place: the expert "
@@ -159,11 +165,13 @@ def _router_only(placements: dict[str, str], wrong: list[str]) -> str | None:
 @moe_check("moe.gradients_equal_one_process")
 def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
     """Router and expert gradients (whole: summed over ranks where plain, full_tensor() where sharded) equal one
-    process's on the whole batch."""
+    process's on the whole batch, and so does the gradient of each rank's tokens (what reaches the layers before)."""
     for counts, reports in _runs(world, impl):
         for rank, found in enumerate(reports):
             _check_close(found["grads"], impl, f"tokens per rank {list(counts)}, rank {rank}: gradients ",
                          functools.partial(_router_only, found["placements"]))
+            _check_close({"of this rank's tokens": found["tokens_grad"]}, impl,
+                         f"tokens per rank {list(counts)}, rank {rank}: the gradient ", lambda wrong: TOKENS)
 
 
 @moe_check("moe.trains_like_one_process")

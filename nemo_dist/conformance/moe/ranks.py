@@ -4,7 +4,9 @@ Every rank builds the same seeded unsharded layer and every rank's seeded
 tokens (counts uneven, a rank with none among them), so each computes the
 one-process reference itself: the unsharded layer on each rank's tokens, the
 loss summed over ranks (``sum(output * projection) + AUX_WEIGHT * aux``).
-The expert-parallel copy runs on this rank's tokens only. Gradients are
+The expert-parallel copy runs on this rank's tokens only. The gradient of
+this rank's tokens (what backpropagates to the layers before) is compared
+with one process's gradient of the same tokens. Parameter gradients are
 compared whole: a DTensor's ``full_tensor()``; a plain parameter's gradient
 is this rank's share, summed over the world (the data-parallel reduction a
 training loop adds). The steps take that sum, then the optimizer's step.
@@ -71,8 +73,8 @@ def _whole_grad(param: nn.Parameter) -> torch.Tensor:
     return local
 
 
-def _grad_or_zeros(param: nn.Parameter) -> torch.Tensor:
-    return torch.zeros_like(param) if param.grad is None else param.grad
+def _grad_or_zeros(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(tensor) if tensor.grad is None else tensor.grad
 
 
 def _loss(layer: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
@@ -129,20 +131,23 @@ def run(impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[
     found["start"] = {
         name: _difference(_full(p), before[name]) for name, p in layer.named_parameters() if name in before
     }
+    mine = xs[me].clone().requires_grad_(True)
     try:
-        loss, out, aux = _loss(layer, xs[me], projections[me])
+        loss, out, aux = _loss(layer, mine, projections[me])
         loss.backward()
     except Exception as exc:  # its forward or backward raised: the checks report it
         return {**found, "error": f"{type(exc).__name__}: {exc}", "where": "in forward or backward"}
     reference_loss = torch.zeros((), dtype=torch.float64, device=_device())
     want_out = want_aux = None
+    theirs = [x.clone().requires_grad_(True) for x in xs]
     for r in range(len(counts)):
-        part, o, a = _loss(reference, xs[r], projections[r])
+        part, o, a = _loss(reference, theirs[r], projections[r])
         reference_loss = reference_loss + part
         if r == me:
             want_out, want_aux = o, a
     reference_loss.backward()
     assert want_out is not None
+    found["tokens_grad"] = _difference(_grad_or_zeros(mine), _grad_or_zeros(theirs[me]))
     found["out"] = _difference(_full(out), want_out)
     found["aux"] = None if aux is None or want_aux is None else _difference(_full(aux), want_aux)
     found["has_aux"] = aux is not None
