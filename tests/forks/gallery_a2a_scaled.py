@@ -12,23 +12,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.forks._all_to_all import exchange
+from tests.forks._all_to_all import all_to_all_with, exchange
 
 
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, received: list[int], sent: list[int], group: Any) -> torch.Tensor:
-        ctx.received, ctx.sent, ctx.group = received, sent, group
-        return exchange(tensor, received, sent, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        routed = exchange(grad, ctx.sent, ctx.received, ctx.group)
-        return routed * dist.get_world_size(ctx.group), None, None, None
+def _backward(grad: torch.Tensor, received: list[int], sent: list[int], group: Any) -> torch.Tensor:
+    """The inverse all-to-all, times the group size."""
+    return exchange(grad, sent, received, group) * dist.get_world_size(group)
 
 
-def all_to_all(
-    tensor: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], group: Any
-) -> torch.Tensor:
-    """The Function applied with torch's parameter names."""
-    return _AllToAll.apply(tensor, output_split_sizes, input_split_sizes, group)
+all_to_all = all_to_all_with(_backward)

@@ -11,22 +11,12 @@ from typing import Any
 
 import torch
 
-from tests.forks._all_to_all import exchange
+from tests.forks._all_to_all import all_to_all_with, exchange
 
 
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, received: list[int], sent: list[int], group: Any) -> torch.Tensor:
-        ctx.received, ctx.sent, ctx.group = received, sent, group
-        return exchange(tensor, received, sent, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        return exchange(grad, ctx.received, ctx.sent, ctx.group), None, None, None
+def _backward(grad: torch.Tensor, received: list[int], sent: list[int], group: Any) -> torch.Tensor:
+    """The gradient sent with the forward's split sizes."""
+    return exchange(grad, received, sent, group)
 
 
-def all_to_all(
-    tensor: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], group: Any
-) -> torch.Tensor:
-    """The Function applied with torch's parameter names."""
-    return _AllToAll.apply(tensor, output_split_sizes, input_split_sizes, group)
+all_to_all = all_to_all_with(_backward)
