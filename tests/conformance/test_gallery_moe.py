@@ -95,7 +95,9 @@ UPSTREAM_IMPORT = "ignore:`torch.jit.script_method` is deprecated:DeprecationWar
 
 @pytest.mark.filterwarnings(UPSTREAM_IMPORT)
 @pytest.mark.xdist_group(name="moe_gallery")
-@pytest.mark.parametrize("name", list(GALLERY))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.upstream] if row.needs else []) for n, row in GALLERY.items()]
+)
 def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
     name: str, world_factory: WorldFactory
 ) -> None:
