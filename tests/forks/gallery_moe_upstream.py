@@ -3,9 +3,10 @@
 (``ExpertParallel``: every expert weight ``Shard(0)`` on the 1-D mesh), nothing re-expressed.
 
 ``--moe-layer tests.forks.gallery_moe_upstream:layer --moe-fn tests.forks.gallery_moe_upstream:apply_ep
---moe-compute-dtype float32``: ``GroupedExperts`` adds the experts' outputs up in float32 whatever the layer's
-dtype, and its ``Gate`` scores in float32, so it is judged within float32's rounding. Needs nemo-automodel
-(``--no-deps``) and transformers; the suite's package never imports either.
+--moe-compute-dtype float32``: on 2+ ranks ``GroupedExperts`` gathers the routing weights as ``weights.float()``
+(and adds the experts' outputs up in float32), so it is judged within float32's rounding
+(``scripts/repro_upstream_moe.py``). Needs nemo-automodel (``--no-deps``) and transformers; the suite's package
+never imports either.
 
 The layer is built tiny (12 experts of width 8 and hidden 16, top-2 of a softmax gate, a load-balance loss with
 coefficient 0.01) and returns the output alone: its auxiliary loss reaches the gate through an autograd hook on
