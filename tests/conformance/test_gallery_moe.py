@@ -59,6 +59,14 @@ GALLERY: dict[str, Row] = {
         _cause(CAUSES["forward_equals_one_process"]),
     ),
     "tokens_grad_sliced": Row(G + "tokens_grad_sliced:apply_ep", frozenset({GRADIENTS}), _cause(TOKENS)),
+    "hf_ep": Row(
+        G + "hf_ep:apply_ep", options={"moe_layer": G + "hf_ep:layer"},
+        first_parameter="layers.0.mlp.experts.gate_up_proj", needs="transformers.distributed.expert_parallel",
+    ),
+    "hf_ep_batched_mm": Row(
+        G + "hf_ep:apply_ep", options={"moe_layer": G + "hf_ep:layer_batched_mm"},
+        first_parameter="layers.0.mlp.experts.gate_up_proj", needs="transformers.distributed.expert_parallel",
+    ),
     "upstream": Row(
         G + "upstream:apply_ep",
         options={"moe_layer": G + "upstream:layer", "moe_compute_dtype": "float32"},
@@ -96,7 +104,11 @@ UPSTREAM_IMPORT = "ignore:`torch.jit.script_method` is deprecated:DeprecationWar
 @pytest.mark.filterwarnings(UPSTREAM_IMPORT)
 @pytest.mark.xdist_group(name="moe_gallery")
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.upstream] if row.needs else []) for n, row in GALLERY.items()]
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.upstream] if (row.needs or "").startswith("nemo_automodel") else [])
+        for n, row in GALLERY.items()
+    ],
 )
 def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
     name: str, world_factory: WorldFactory
