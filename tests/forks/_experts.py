@@ -73,3 +73,19 @@ def dispatched(layer: nn.Module, mesh: Any, **bugs: Any) -> nn.Module:
     per_rank = shard_experts(layer, mesh)
     layer.experts.forward = types.MethodType(dispatch_forward(per_rank, mesh.get_group(), **bugs), layer.experts)
     return layer
+
+
+class OneBlock(nn.Module):
+    """A model of one block whose ``mlp`` is a mixture-of-experts layer: ``layers.0.mlp``, where a library's expert
+    parallelism (upstream's ``apply_ep``, transformers' EP plan) looks for it. Subclasses say how tokens reach it."""
+
+    def __init__(self, mlp: nn.Module) -> None:
+        super().__init__()
+        block = nn.Module()
+        block.mlp = mlp
+        self.layers = nn.ModuleList([block])
+
+    @property
+    def mlp(self) -> nn.Module:
+        """The held layer."""
+        return self.layers[0].mlp

@@ -27,28 +27,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from tests.forks._experts import OneBlock
+
 #: The suite's layer's shape: 12 experts (whole on 1, 2, 3, 4 or 6 ranks), top-2.
 EXPERTS, TOP_K, DIM, HIDDEN = 12, 2, 8, 16
 #: Qwen3-MoE initialises with std 0.02; a wider start makes the routing far from uniform.
 INIT_STD = 0.3
 
 
-class _Block(nn.Module):
-    def __init__(self, mlp: nn.Module) -> None:
-        super().__init__()
-        self.mlp = mlp
-
-
-class HFSparseMoe(nn.Module):
+class HFSparseMoe(OneBlock):
     """One block holding ``Qwen3MoeSparseMoeBlock`` as ``layers.0.mlp``, where the plan's names point."""
-
-    def __init__(self, mlp: nn.Module) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([_Block(mlp)])
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """The block on ``tokens`` ``[T, dim]`` (as a batch of one sequence)."""
-        return self.layers[0].mlp(tokens.unsqueeze(0)).squeeze(0)
+        return self.mlp(tokens.unsqueeze(0)).squeeze(0)
 
 
 def _build(experts_implementation: str) -> nn.Module:

@@ -26,28 +26,20 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from tests.forks._experts import OneBlock
+
 #: The suite's layer's shape: 12 experts (whole on 1, 2, 3, 4 or 6 ranks), top-2.
 EXPERTS, TOP_K, DIM, HIDDEN = 12, 2, 8, 16
 #: Upstream initialises with std 0.02; a wider start makes the routing far from uniform.
 INIT_STD = 0.3
 
 
-class _Block(nn.Module):
-    def __init__(self, mlp: nn.Module) -> None:
-        super().__init__()
-        self.mlp = mlp
-
-
-class UpstreamMoE(nn.Module):
+class UpstreamMoE(OneBlock):
     """One block holding upstream's ``MoE`` as its ``mlp``, where upstream's ``apply_ep`` looks for it."""
-
-    def __init__(self, moe: nn.Module) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([_Block(moe)])
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Upstream's ``MoE`` on ``tokens`` ``[T, dim]``; no rows for no tokens in one process."""
-        moe = self.layers[0].mlp
+        moe = self.mlp
         if tokens.shape[0] == 0 and not isinstance(moe.experts.gate_and_up_projs, DTensor):
             return tokens + 0 * sum(p.sum() for p in moe.parameters())  # no rows, every parameter in the graph
         return moe(tokens)
