@@ -58,6 +58,12 @@ GALLERY: dict[str, Row] = {
         G + "owner_round_robin:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
         _cause(CAUSES["forward_equals_one_process"]),
     ),
+    "megatron_local": Row(G + "megatron_local:apply_ep"),
+    "local_round_robin": Row(G + "local_round_robin:apply_ep"),
+    "local_reinitialised": Row(
+        G + "local_reinitialised:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS, SHARDED}),
+        _cause(CAUSES["experts_sharded_over_ep"]),
+    ),
     "tokens_grad_sliced": Row(G + "tokens_grad_sliced:apply_ep", frozenset({GRADIENTS}), _cause(TOKENS)),
     "hf_ep": Row(
         G + "hf_ep:apply_ep", options={"moe_layer": G + "hf_ep:layer"},

@@ -38,12 +38,13 @@ def _exchange(rows: torch.Tensor, received: list[int], sent: list[int], group: A
 
 def dispatch_forward(
     per_rank: int, group: Any, *, owner: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
-    detach_weights: bool = False,
+    local: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None, detach_weights: bool = False,
 ) -> Callable[..., torch.Tensor]:
     """An experts ``forward(tokens, indices, weights)``: (token, expert) pairs sorted by owner, counts exchanged,
     tokens and expert ids sent with the autograd all-to-all, computed, sent back, unsorted, weighted and summed."""
     size = dist.get_world_size(group)
     owner = owner or (lambda e, per, _size: torch.div(e, per, rounding_mode="floor"))
+    local = local or (lambda e, per, _size: e % per)
 
     def forward(self: nn.Module, tokens: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         w1 = self.w1.to_local() if isinstance(self.w1, DTensor) else self.w1
@@ -60,7 +61,7 @@ def dispatch_forward(
         rows = _exchange(tokens[pairs][order], received_l, sent_l, group)
         ids = torch.empty(sum(received_l), dtype=experts.dtype)
         dist.all_to_all_single(ids, experts[order].contiguous(), received_l, sent_l, group=group)
-        back = _exchange(local_mlp(rows, ids % per_rank, w1, w2), sent_l, received_l, group)
+        back = _exchange(local_mlp(rows, local(ids, per_rank, size), w1, w2), sent_l, received_l, group)
         out = torch.empty_like(back).index_copy(0, order, back)
         scale = weights.detach() if detach_weights else weights
         return tokens.new_zeros(tokens.shape).index_add(0, pairs, out * scale.reshape(-1, 1))
@@ -89,3 +90,14 @@ class OneBlock(nn.Module):
     def mlp(self) -> nn.Module:
         """The held layer."""
         return self.layers[0].mlp
+
+
+def local_experts(layer: nn.Module, mesh: Any, held: Callable[[int, int, int], list[int]]) -> int:
+    """``layer.experts``' ``w1``/``w2`` replaced by plain parameters of the rows ``held(rank, size, count)``:
+    rank-local experts, no DTensor saying where they are. Returns the experts each rank holds."""
+    experts = layer.experts
+    size, rank = mesh.size(), mesh.get_local_rank()
+    rows = held(rank, size, experts.w1.shape[0])
+    for name in ("w1", "w2"):
+        setattr(experts, name, nn.Parameter(getattr(experts, name).detach()[rows].clone()))
+    return len(rows)

@@ -25,6 +25,7 @@ from nemo_dist.conformance.ddp.expectations import COMPUTE_ROUNDINGS, unit_round
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
+from nemo_dist.conformance.moe.local import LABEL
 from nemo_dist.conformance.moe.target import tolerance
 from nemo_dist.conformance.registry import WorldLike, WorldRule, check, with_likely_cause
 
@@ -117,17 +118,17 @@ def _off(differences: dict[str, float | None], impl: Implementation) -> tuple[li
 
 
 def _check_close(differences: dict[str, float | None], impl: Implementation, where: str,
-                 cause: Callable[[list[str]], str | None] = lambda wrong: None) -> None:
+                 cause: str | Callable[[list[str]], str | None] | None = None) -> None:
     """Fail naming what is off (``where`` first) when something is; the likely cause is float32's rounding when
-    every difference is within it and no lower compute dtype was declared, else ``cause(wrong)`` when it names
-    one, else the check's own."""
+    every difference is within it and no lower compute dtype was declared, else ``cause`` (or ``cause(wrong)``)
+    when it names one, else the check's own."""
     wrong, largest = _off(differences, impl)
     if not wrong:
         return
     message = f"{where}{', '.join(wrong)}"
     if tolerance(impl) < FLOAT32_TOLERANCE and largest <= FLOAT32_TOLERANCE:
         raise _failure(message, ROUNDING.format(largest=largest, allowed=FLOAT32_TOLERANCE))
-    named = cause(wrong)
+    named = cause(wrong) if callable(cause) else cause
     raise _failure(message, named) if named else AssertionError(message)
 
 
@@ -147,18 +148,26 @@ def _failure(message: str, cause: str) -> AssertionError:
     return exc
 
 
+def _changed(reports: list[dict[str, Any]], impl: Implementation) -> str | None:
+    """The sharding check's cause when sharding already changed the weights on some rank (every later difference
+    follows from that), else None."""
+    changed = any(f["local_problems"] or _off(f["start"], impl)[0] for f in reports)
+    return CAUSES["experts_sharded_over_ep"] if changed else None
+
+
 @moe_check("moe.forward_equals_one_process")
 def forward_equals_one_process(world: WorldLike, impl: Implementation) -> None:
     """Each rank's output and auxiliary load-balance loss equal one process's on that rank's tokens."""
     for counts, reports in _runs(world, impl):
+        changed = _changed(reports, impl)
         for rank, found in enumerate(reports):
             _check_close({"output": found["out"], **({"aux loss": found["aux"]} if found["has_aux"] else {})},
-                         impl, f"tokens per rank {list(counts)}, rank {rank}: ")
+                         impl, f"tokens per rank {list(counts)}, rank {rank}: ", changed)
 
 
 def _router_only(placements: dict[str, str], wrong: list[str]) -> str | None:
     """:data:`ROUTER` when every wrong gradient is a replicated parameter's (plain, or sharded nowhere)."""
-    plain = {n for n, p in placements.items() if p == "plain" or "Shard" not in p}
+    plain = {n for n, p in placements.items() if p == "plain" or ("Shard" not in p and not p.startswith(LABEL))}
     return ROUTER if all(w.split(" ")[0] in plain for w in wrong) else None
 
 
@@ -167,11 +176,12 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
     """Router and expert gradients (whole: summed over ranks where plain, full_tensor() where sharded) equal one
     process's on the whole batch, and so does the gradient of each rank's tokens (what reaches the layers before)."""
     for counts, reports in _runs(world, impl):
+        changed = _changed(reports, impl)
         for rank, found in enumerate(reports):
             _check_close(found["grads"], impl, f"tokens per rank {list(counts)}, rank {rank}: gradients ",
-                         functools.partial(_router_only, found["placements"]))
+                         changed or functools.partial(_router_only, found["placements"]))
             _check_close({"of this rank's tokens": found["tokens_grad"]}, impl,
-                         f"tokens per rank {list(counts)}, rank {rank}: the gradient ", lambda wrong: TOKENS)
+                         f"tokens per rank {list(counts)}, rank {rank}: the gradient ", changed or TOKENS)
 
 
 @moe_check("moe.trains_like_one_process")
@@ -179,8 +189,10 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     """After one SGD and one Adam step every parameter equals one process's, and every replicated parameter
     (plain, or a DTensor sharded nowhere) is bit-identical on every rank."""
     for counts, reports in _runs(world, impl):
+        changed = _changed(reports, impl)
         for rank, found in enumerate(reports):
-            _check_close(found["steps"], impl, f"tokens per rank {list(counts)}, rank {rank}: after steps ")
+            _check_close(found["steps"], impl, f"tokens per rank {list(counts)}, rank {rank}: after steps ",
+                         changed)
         for name, digest in reports[0]["replicated_digests"].items():
             apart = [r for r, f in enumerate(reports) if f["replicated_digests"].get(name) != digest]
             assert not apart, (
@@ -191,10 +203,13 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
 
 @moe_check("moe.experts_sharded_over_ep")
 def experts_sharded_over_ep(world: WorldLike, impl: Implementation) -> None:
-    """With 2+ ranks some parameter is sharded over the mesh, each shard is the chunk its placement says, and
+    """With 2+ ranks some parameter is sharded over the mesh (a DTensor, or rank-local rows), each DTensor shard is
+    the chunk its placement says, each rank-local row one of the unsharded layer's, every one held once, and
     sharding kept every weight."""
     _counts, reports = _runs(world, impl)[0]
     found = reports[0]
+    problems = sorted({problem for f in reports for problem in f["local_problems"]})
+    assert not problems, f"sharding changed the layer's weights: the rank-local rows of {'; '.join(problems)}"
     _check_close(found["start"], impl, "sharding changed the layer's weights: ")
     wrong = sorted({name for f in reports for name in f["chunks_wrong"]})
     assert not wrong, f"local shards that are not their placement's chunk: {', '.join(wrong)}"

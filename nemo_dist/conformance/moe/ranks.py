@@ -7,9 +7,10 @@ loss summed over ranks (``sum(output * projection) + AUX_WEIGHT * aux``).
 The expert-parallel copy runs on this rank's tokens only. The gradient of
 this rank's tokens (what backpropagates to the layers before) is compared
 with one process's gradient of the same tokens. Parameter gradients are
-compared whole: a DTensor's ``full_tensor()``; a plain parameter's gradient
-is this rank's share, summed over the world (the data-parallel reduction a
-training loop adds). The steps take that sum, then the optimizer's step.
+compared whole: a DTensor's ``full_tensor()``; a rank-local parameter's
+(:mod:`~nemo_dist.conformance.moe.local`) put together from every rank's
+rows; a plain parameter's gradient is this rank's share, summed over the
+world (the data-parallel reduction a training loop adds). The steps take that sum, then the optimizer's step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.moe.local import LocalRows, find
 from nemo_dist.conformance.moe.target import AUX_WEIGHT, build_layer, dim_of, outputs, parallelize
 
 __all__ = ["run", "tokens"]
@@ -63,12 +65,20 @@ def _difference(got: torch.Tensor, want: torch.Tensor) -> float | None:
     return float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
 
 
-def _whole_grad(param: nn.Parameter) -> torch.Tensor:
-    """The parameter's whole gradient: a DTensor's ``full_tensor()``, a plain one summed over the world."""
+def _whole(param: Any, rows: LocalRows | None) -> torch.Tensor:
+    """The parameter whole: a DTensor's ``full_tensor()``, a rank-local one put together, a plain one as it is."""
+    return rows.whole(param) if rows is not None else _full(param)
+
+
+def _whole_grad(param: nn.Parameter, rows: LocalRows | None) -> torch.Tensor:
+    """The parameter's whole gradient: a DTensor's ``full_tensor()``, a rank-local one's put together, a plain
+    (replicated) one's summed over the world."""
     grad = param.grad
     if isinstance(grad, DTensor):
         return grad.full_tensor()
     local = (torch.zeros_like(param) if grad is None else grad).detach().clone()
+    if rows is not None:
+        return rows.whole(local)
     dist.all_reduce(local)
     return local
 
@@ -83,10 +93,11 @@ def _loss(layer: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> tuple[
     return (loss if aux is None else loss + AUX_WEIGHT * _full(aux)), out, aux
 
 
-def _placements(layer: nn.Module) -> dict[str, str]:
+def _placements(layer: nn.Module, local: dict[str, LocalRows]) -> dict[str, str]:
     return {
         name: ("Shard(0)" if [repr(p) for p in param.placements] == ["Shard(dim=0)"] else
-               ",".join(repr(p) for p in param.placements)) if isinstance(param, DTensor) else "plain"
+               ",".join(repr(p) for p in param.placements)) if isinstance(param, DTensor)
+        else local[name].label() if name in local else "plain"
         for name, param in layer.named_parameters()
     }
 
@@ -109,9 +120,10 @@ def _digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
 
-def _sum_plain_grads(layer: nn.Module) -> None:
-    for param in layer.parameters():
-        if not isinstance(param, DTensor) and param.grad is not None:
+def _sum_plain_grads(layer: nn.Module, local: dict[str, LocalRows]) -> None:
+    """Sum the replicated (plain, not rank-local) parameters' gradients over the world, as data parallelism would."""
+    for name, param in layer.named_parameters():
+        if not isinstance(param, DTensor) and name not in local and param.grad is not None:
             dist.all_reduce(param.grad)
 
 
@@ -127,9 +139,13 @@ def run(impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[
     dim = dim_of(reference)
     xs = [tokens(seed, r, n, dim) for r, n in enumerate(counts)]
     projections = [tokens(seed, r, n, dim, salt=1) for r, n in enumerate(counts)]
-    found: dict[str, Any] = {"placements": _placements(layer), "chunks_wrong": _chunks_match(layer)}
+    local, found_problems = find(layer, before)
+    found: dict[str, Any] = {
+        "placements": _placements(layer, local), "chunks_wrong": _chunks_match(layer), "local_problems": found_problems,
+    }
     found["start"] = {
-        name: _difference(_full(p), before[name]) for name, p in layer.named_parameters() if name in before
+        name: _difference(_whole(p, local.get(name)), before[name]) for name, p in layer.named_parameters()
+        if name in before
     }
     mine = xs[me].clone().requires_grad_(True)
     try:
@@ -153,13 +169,13 @@ def run(impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[
     found["has_aux"] = aux is not None
     reference_params = dict(reference.named_parameters())
     found["grads"] = {
-        name: _difference(_whole_grad(p), _grad_or_zeros(reference_params[name]))
+        name: _difference(_whole_grad(p, local.get(name)), _grad_or_zeros(reference_params[name]))
         for name, p in layer.named_parameters() if name in reference_params
     }
-    found["steps"] = _train(layer, reference, xs, projections, steps, me)
+    found["steps"] = _train(layer, reference, xs, projections, steps, me, local)
     found["replicated_digests"] = {
         name: _digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()
-        if not isinstance(p, DTensor) or not any(pl.is_shard() for pl in p.placements)
+        if name not in local and (not isinstance(p, DTensor) or not any(pl.is_shard() for pl in p.placements))
     }
     return found
 
@@ -175,13 +191,13 @@ def _optimizer(kind: str, layer: nn.Module) -> torch.optim.Optimizer:
 
 def _train(
     layer: nn.Module, reference: nn.Module, xs: list[torch.Tensor], projections: list[torch.Tensor],
-    steps: Sequence[tuple[str, int]], me: int,
+    steps: Sequence[tuple[str, int]], me: int, local: dict[str, LocalRows],
 ) -> dict[str, float | None]:
     """``steps`` (optimizer, count) on both, from the gradients of the backward already taken; what differs after."""
     for kind, count in steps:
         opt, ref_opt = _optimizer(kind, layer), _optimizer(kind, reference)
         for _ in range(count):
-            _sum_plain_grads(layer)
+            _sum_plain_grads(layer, local)
             opt.step()
             ref_opt.step()
             opt.zero_grad()
@@ -189,13 +205,16 @@ def _train(
             _loss(layer, xs[me], projections[me])[0].backward()
             sum(_loss(reference, xs[r], projections[r])[0] for r in range(len(xs))).backward()  # type: ignore[union-attr]
     reference_params = dict(reference.named_parameters())
-    return {name: _difference(_full(p), reference_params[name]) for name, p in layer.named_parameters()
-            if name in reference_params}
+    return {name: _difference(_whole(p, local.get(name)), reference_params[name])
+            for name, p in layer.named_parameters() if name in reference_params}
 
 
 def placements(impl: Implementation) -> dict[str, str] | str:
     """How the target places each parameter of the layer (``Shard(0)``, ``plain``...), or the error it raised."""
+    layer = build_layer(impl, 0).to(_device())
+    start = {name: p.detach().clone() for name, p in layer.named_parameters()}
     try:
-        return _placements(parallelize(impl, build_layer(impl, 0).to(_device()), _mesh()))
+        layer = parallelize(impl, layer, _mesh())
     except Exception as exc:  # reported by the checks, which run it again
         return f"{type(exc).__name__}: {exc}"
+    return _placements(layer, find(layer, start)[0])
