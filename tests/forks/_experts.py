@@ -69,10 +69,13 @@ def dispatch_forward(
     return forward
 
 
-def dispatched(layer: nn.Module, mesh: Any, **bugs: Any) -> nn.Module:
-    """``layer`` with its experts sharded and dispatched to (``bugs``: what :func:`dispatch_forward` gets wrong)."""
-    per_rank = shard_experts(layer, mesh)
-    layer.experts.forward = types.MethodType(dispatch_forward(per_rank, mesh.get_group(), **bugs), layer.experts)
+def dispatched(
+    layer: nn.Module, mesh: Any, *, held: Callable[[int, int, int], list[int]] | None = None, **routing: Any
+) -> nn.Module:
+    """``layer`` with its experts sharded (``Shard(0)`` DTensors, or with ``held`` the rank-local rows
+    :func:`local_experts` keeps) and dispatched to (``routing``: :func:`dispatch_forward`'s keywords)."""
+    per_rank = shard_experts(layer, mesh) if held is None else local_experts(layer, mesh, held)
+    layer.experts.forward = types.MethodType(dispatch_forward(per_rank, mesh.get_group(), **routing), layer.experts)
     return layer
 
 

@@ -8,18 +8,15 @@ Correct. ``--moe-fn tests.forks.gallery_moe_megatron_local:apply_ep``.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 from torch import nn
 
-from tests.forks._experts import dispatch_forward, local_experts
+from tests.forks._experts import dispatched
 
 
 def apply_ep(layer: nn.Module, ep_mesh: Any) -> nn.Module:
     """Plain local experts in blocks by rank, tokens dispatched to the block's owner."""
-    per_rank = local_experts(layer, ep_mesh, lambda rank, size, count: list(
-        range(rank * count // size, (rank + 1) * count // size)
-    ))
-    layer.experts.forward = types.MethodType(dispatch_forward(per_rank, ep_mesh.get_group()), layer.experts)
-    return layer
+    return dispatched(
+        layer, ep_mesh, held=lambda rank, size, count: list(range(rank * count // size, (rank + 1) * count // size))
+    )

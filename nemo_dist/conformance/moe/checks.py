@@ -19,14 +19,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from nemo_dist.conformance.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
 from nemo_dist.conformance.moe.local import LABEL
-from nemo_dist.conformance.moe.target import tolerance
+from nemo_dist.conformance.moe.target import dtype_tolerance, tolerance
 from nemo_dist.conformance.registry import WorldLike, WorldRule, check, with_likely_cause
 
 __all__ = [
@@ -61,7 +58,7 @@ EXPERT = (
 )
 
 #: What a float32 computation may differ by (the tolerance ``--moe-compute-dtype float32`` allows).
-FLOAT32_TOLERANCE = COMPUTE_ROUNDINGS * unit_roundoff(torch.float32)
+FLOAT32_TOLERANCE = dtype_tolerance("float32")
 ROUNDING = (
     "every difference (at most {largest:.3g}) is within float32's rounding ({allowed:.3g}): the layer computes, "
     "gathers or adds up in float32 somewhere while its parameters are float64; if it does so by design, declare "

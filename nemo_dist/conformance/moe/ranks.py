@@ -10,7 +10,8 @@ with one process's gradient of the same tokens. Parameter gradients are
 compared whole: a DTensor's ``full_tensor()``; a rank-local parameter's
 (:mod:`~nemo_dist.conformance.moe.local`) put together from every rank's
 rows; a plain parameter's gradient is this rank's share, summed over the
-world (the data-parallel reduction a training loop adds). The steps take that sum, then the optimizer's step.
+world (the data-parallel reduction a training loop adds). The steps take
+that sum, then the optimizer's step.
 """
 
 from __future__ import annotations

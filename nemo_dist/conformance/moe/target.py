@@ -21,8 +21,8 @@ from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.moe.layer import TinyMoE
 from nemo_dist.conformance.wrapping import DTYPES
 
-__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "build_layer", "dim_of", "outputs", "parallelize", "tolerance",
-           "validate"]
+__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "build_layer", "dim_of", "dtype_tolerance", "outputs", "parallelize",
+           "tolerance", "validate"]
 
 #: The auxiliary loss's weight in the loss every check backpropagates.
 AUX_WEIGHT = 0.25
@@ -30,17 +30,21 @@ AUX_WEIGHT = 0.25
 FLOAT64_TOLERANCE = 1e-10
 
 
-def tolerance(impl: Implementation) -> float:
-    """The largest difference the checks allow, relative to ``max(1, max |expected|)``.
+def dtype_tolerance(name: str) -> float:
+    """The largest difference, relative to ``max(1, max |expected|)``, of a layer computed in dtype ``name``.
 
-    1e-10 for a layer computed in float64; for a declared ``--moe-compute-dtype``
-    below it, :data:`~nemo_dist.conformance.ddp.expectations.COMPUTE_ROUNDINGS`
+    1e-10 for float64; below it,
+    :data:`~nemo_dist.conformance.ddp.expectations.COMPUTE_ROUNDINGS`
     roundings of that dtype's unit roundoff (about 1.9e-6 for float32).
     """
-    name = impl.suite_option("moe_compute_dtype") or "float64"
     if name == "float64":
         return FLOAT64_TOLERANCE
     return COMPUTE_ROUNDINGS * unit_roundoff(getattr(torch, name))
+
+
+def tolerance(impl: Implementation) -> float:
+    """The largest difference the checks allow: :func:`dtype_tolerance` of ``--moe-compute-dtype`` (float64)."""
+    return dtype_tolerance(impl.suite_option("moe_compute_dtype") or "float64")
 
 
 def build_layer(impl: Implementation, seed: int) -> nn.Module:
