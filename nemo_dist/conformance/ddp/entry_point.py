@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_dist.conformance.ddp.sharded import cpu_copy
+from nemo_dist.conformance.ddp.sharded import cpu_copy, grad_copy
 from nemo_dist.conformance.ddp.templates import seeded_template
 from nemo_dist.conformance.ddp.wrapped import wrap
 from nemo_dist.conformance.errors import ChosenByCode
@@ -171,7 +171,7 @@ def params_of(model: nn.Module) -> list[torch.Tensor]:
 
 def grads_of(model: nn.Module) -> list[torch.Tensor | None]:
     """CPU copies of ``model``'s gradients (None where a parameter has none)."""
-    return [None if p.grad is None else cpu_copy(p.grad) for p in model.parameters()]
+    return [grad_copy(p) for p in model.parameters()]
 
 
 def sgd_step(model: nn.Module, lr: float) -> None:

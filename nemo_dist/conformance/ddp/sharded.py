@@ -22,7 +22,7 @@ from torch import nn
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["cpu_copy", "full", "is_sharded", "sharding"]
+__all__ = ["cpu_copy", "full", "grad_copy", "is_sharded", "sharding", "whole_grad"]
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
@@ -37,6 +37,32 @@ def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     every rank copies the same tensors in the same order.
     """
     return full(tensor.detach()).to("cpu", copy=True)
+
+
+def whole_grad(param: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """``grad``, ``param``'s gradient, whole (:func:`full`); None where ``param`` is plain and has none.
+
+    A collective for a DTensor parameter on every rank of its mesh, whether or
+    not this rank's shard got a gradient: a shard that took no part in the
+    loss (experts that received no token) has none on its rank while the
+    other ranks' shards have one, and the ranks must all join the full
+    tensor's collective. A zero shard in the parameter's own placements
+    stands in for a missing one, so the whole gradient is zeros there.
+    """
+    if _is_dtensor(param) and not _is_dtensor(grad):
+        local = param.to_local()
+        grad = type(param).from_local(
+            torch.zeros_like(local) if grad is None else grad.reshape(local.shape), param.device_mesh,
+            param.placements, run_check=False, shape=param.shape, stride=param.stride(),
+        )
+    return None if grad is None else full(grad)
+
+
+def grad_copy(param: torch.Tensor) -> torch.Tensor | None:
+    """A detached CPU copy of ``param``'s whole gradient (:func:`whole_grad`; a collective for a DTensor), or None
+    where this rank holds none."""
+    grad = whole_grad(param, param.grad)
+    return None if grad is None or param.grad is None else grad.detach().to("cpu", copy=True)
 
 
 def is_sharded(tensors: Iterable[torch.Tensor]) -> bool:

@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nemo_dist.conformance.ddp.mesh import mesh_form, world_mesh
-from nemo_dist.conformance.ddp.sharded import cpu_copy
+from nemo_dist.conformance.ddp.sharded import cpu_copy, whole_grad
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.implementation import DDPWrapper
 from nemo_dist.conformance.importing import made, resolve_callable
@@ -53,6 +53,7 @@ __all__ = [
     "environment_need",
     "field_keywords",
     "filled_keywords",
+    "gradient_copies",
     "gradients",
     "held",
     "rank_device",
@@ -312,6 +313,16 @@ def gradients(wrapped: Wrapped) -> list[torch.Tensor | None]:
     """The gradients of ``wrapped.params`` as the wrapper leaves them (``param.grad``, or the declared attribute)."""
     name = wrapped.wrapper.grad_attr
     return [p.grad if name is None else getattr(p, name, None) for p in wrapped.params]
+
+
+def gradient_copies(wrapped: Wrapped) -> list[torch.Tensor | None]:
+    """CPU copies of :func:`gradients`, whole where sharded (None where this rank holds none): a collective for
+    each DTensor parameter on every rank, whether or not its shard got a gradient here."""
+    found: list[torch.Tensor | None] = []
+    for param, grad in zip(wrapped.params, gradients(wrapped), strict=True):
+        whole = whole_grad(param, grad)
+        found.append(None if whole is None or grad is None else whole.detach().to("cpu", copy=True))
+    return found
 
 
 def held(wrapped: Wrapped) -> list[torch.Tensor]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nemo_dist.conformance.ddp.op_ranks import counted_parts, observe_blocks
-from nemo_dist.conformance.ddp.sharded import cpu_copy, full
+from nemo_dist.conformance.ddp.sharded import cpu_copy, full, grad_copy
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.fsdp2.calls import device, mesh, own_fsdp_internals, parallelize, sync_ctx
 from nemo_dist.conformance.fsdp2.models import blocks, tiny_lm
@@ -316,7 +316,7 @@ def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> 
             found[mode] = {
                 "reductions": len(reduced),
                 "held": held,
-                "grads": [None if p.grad is None else cpu_copy(p.grad) for p in model.parameters()],
+                "grads": [grad_copy(p) for p in model.parameters()],
             }
         for index in range(micro):
             _loss(reference, tokens[index], targets[index]).backward()
@@ -429,7 +429,7 @@ def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str)
             runs = observe_blocks(parts, functools.partial(_loss, model, _local(tokens[0]), _local(targets[0])))
             found[run] = {
                 "runs": runs,
-                "grads": [None if p.grad is None else cpu_copy(p.grad) for p in model.parameters()],
+                "grads": [grad_copy(p) for p in model.parameters()],
             }
         return found
 

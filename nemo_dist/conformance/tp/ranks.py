@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nemo_dist.conformance.ddp.sharded import whole_grad
 from nemo_dist.conformance.fsdp2 import calls
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.tp import target
@@ -104,10 +105,11 @@ def _difference(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, fl
 
 def _gradient_difference(param: Any, reference: torch.Tensor) -> tuple[float, float, float] | None:
     """:func:`_difference` of the gradients; None where the parameter has none and the reference's is nonzero."""
-    if param.grad is None:
+    grad = whole_grad(param, param.grad)  # every rank joins a DTensor's collective, with a gradient or without
+    if grad is None or param.grad is None:
         return None if reference.grad is not None and bool(reference.grad.any()) else (0.0, 1.0, 1.0)
     want = reference.grad if reference.grad is not None else torch.zeros_like(reference)
-    return _difference(_full(param.grad), want)
+    return _difference(grad, want)
 
 
 def _loss(logits: Any, labels: torch.Tensor) -> torch.Tensor:

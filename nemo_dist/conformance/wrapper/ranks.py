@@ -37,7 +37,7 @@ from nemo_dist.conformance.ddp.wrapped import (
     call_refused,
     clear,
     ddp_inside,
-    gradients,
+    gradient_copies,
     held,
     rank_device,
     sgd,
@@ -213,7 +213,7 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
                 backward(wrapped, _loss(out))
         else:
             backward(wrapped, _loss(out))
-        found["grads"].append(_flat(gradients(wrapped)))
+        found["grads"].append(_flat(gradient_copies(wrapped)))
         now = _copy_of(wrapped, seed, kind, dtype)
         found["locals"].append(_flat(_plain_grads(now, [(x, 1.0)])))
         found["expected"].append(_flat(_plain_grads(now, shares)))
@@ -276,7 +276,7 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
         "offered": _context_name(context), "dtype": str(dtype), "unsynced_reductions": unsynced, "reduced": synced,
         "output_dtype": str(out.dtype).removeprefix("torch."),
     }
-    found["grad"] = _flat(gradients(wrapped))
+    found["grad"] = _flat(gradient_copies(wrapped))
     clear(wrapped)
     reference = Linear(seed, kind).to(device, dtype)
     scale = _scale(wrapper.reduction, size)
