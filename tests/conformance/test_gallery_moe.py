@@ -39,6 +39,8 @@ class Row:
     first_parameter: str = "router.weight"
     #: A test target the row needs (skipped without it, failed under ``--require-targets``).
     needs: str | None = None
+    #: The checks that HANG (a subset of ``failing``): the run of a scenario where a rank receives no pair.
+    hanging: frozenset[str] = frozenset()
 
 
 def _cause(text: str) -> str:
@@ -59,6 +61,14 @@ GALLERY: dict[str, Row] = {
         _cause(CAUSES["forward_equals_one_process"]),
     ),
     "megatron_local": Row(G + "megatron_local:apply_ep"),
+    # Before the suite read a shard without a gradient as zeros: a false FAIL where a rank's experts got no pair.
+    "present_experts": Row(G + "present_experts:apply_ep"),
+    "present_experts_fresh_zeros": Row(
+        G + "present_experts_fresh_zeros:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
+        hanging=frozenset({FORWARD, GRADIENTS, TRAINS}),
+    ),
+    # Before the suite compared a shard by its rank's coordinate on its own mesh: a false FAIL of the sharding check.
+    "expert_data_parallel": Row(G + "expert_data_parallel:apply_ep"),
     "local_round_robin": Row(G + "local_round_robin:apply_ep"),
     "local_reinitialised": Row(
         G + "local_reinitialised:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS, SHARDED}),
@@ -97,7 +107,8 @@ def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
         impl, components = resolve_implementation(suite_options={"moe_fn": row.fn, **row.options})
         validate_implementation(impl, components)
         checks = select_checks(load_checks().values(), impl, "all", None, components)
-        report = run_checks(checks, impl, (2,), worlds=world_factory, components=components)
+        # A hang costs the deadline's floor once (the checks share each scenario's run): 2 s, not the default 10.
+        report = run_checks(checks, impl, (2,), worlds=world_factory, components=components, min_deadline=2.0)
         _REPORTS[name] = (report, format_report(report))
     return _REPORTS[name]
 
@@ -126,7 +137,20 @@ def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
     report, table = _report(name, world_factory)
     assert {v.check for v in report.verdicts if v.failed} == row.failing, table
     assert report.exit_code() == (1 if row.failing else 0), table
+    assert {v.check for v in report.verdicts if v.outcome == "hang"} == row.hanging, table
     if row.cause is not None:
         first = next(v for v in report.verdicts if v.failed)
         assert row.cause in (first.cause or ""), table
     assert f"moe placements in a world of 2: {row.first_parameter}" in table, table
+
+
+@pytest.mark.xdist_group(name="moe_gallery_4")
+def test_experts_sharded_on_a_sub_mesh_conform_at_dp_2_x_ep_2(world_factory: WorldFactory) -> None:
+    """Experts ``Shard(0)`` over the ep dim of a (dp 2, ep 2) mesh, reduced over dp by hook, conform in a world of
+    4: each shard is judged by the rank's coordinate on its own mesh, not its global rank."""
+    impl, components = resolve_implementation(suite_options={"moe_fn": G + "expert_data_parallel:apply_ep"})
+    checks = select_checks(load_checks().values(), impl, "all", None, components)
+    report = run_checks(checks, impl, (4,), worlds=world_factory, components=components)
+    table = format_report(report)
+    assert [v.outcome for v in report.verdicts] == ["pass"] * 4, table
+    assert "experts.w1 Shard(0)" in table, table

@@ -39,9 +39,11 @@ def _exchange(rows: torch.Tensor, received: list[int], sent: list[int], group: A
 def dispatch_forward(
     per_rank: int, group: Any, *, owner: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
     local: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None, detach_weights: bool = False,
+    compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = local_mlp,
 ) -> Callable[..., torch.Tensor]:
     """An experts ``forward(tokens, indices, weights)``: (token, expert) pairs sorted by owner, counts exchanged,
-    tokens and expert ids sent with the autograd all-to-all, computed, sent back, unsorted, weighted and summed."""
+    tokens and expert ids sent with the autograd all-to-all, computed (``compute(rows, local ids, w1, w2)``, default
+    :func:`local_mlp`), sent back, unsorted, weighted and summed."""
     size = dist.get_world_size(group)
     owner = owner or (lambda e, per, _size: torch.div(e, per, rounding_mode="floor"))
     local = local or (lambda e, per, _size: e % per)
@@ -61,7 +63,7 @@ def dispatch_forward(
         rows = _exchange(tokens[pairs][order], received_l, sent_l, group)
         ids = torch.empty(sum(received_l), dtype=experts.dtype)
         dist.all_to_all_single(ids, experts[order].contiguous(), received_l, sent_l, group=group)
-        back = _exchange(local_mlp(rows, local(ids, per_rank, size), w1, w2), sent_l, received_l, group)
+        back = _exchange(compute(rows, local(ids, per_rank, size), w1, w2), sent_l, received_l, group)
         out = torch.empty_like(back).index_copy(0, order, back)
         scale = weights.detach() if detach_weights else weights
         return tokens.new_zeros(tokens.shape).index_add(0, pairs, out * scale.reshape(-1, 1))

@@ -26,10 +26,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from nemo_dist.conformance.ddp.sharded import whole_grad
 from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe.local import LocalRows, find
-from nemo_dist.conformance.moe.target import AUX_WEIGHT, build_layer, dim_of, outputs, parallelize
+from nemo_dist.conformance.moe.target import (
+    AUX_WEIGHT,
+    build_layer,
+    dim_of,
+    outputs,
+    parallelize,
+    routed_experts,
+    steer,
+    steerable,
+)
 
 __all__ = ["run", "tokens"]
 
@@ -72,14 +82,16 @@ def _whole(param: Any, rows: LocalRows | None) -> torch.Tensor:
 
 
 def _whole_grad(param: nn.Parameter, rows: LocalRows | None) -> torch.Tensor:
-    """The parameter's whole gradient: a DTensor's ``full_tensor()``, a rank-local one's put together, a plain
-    (replicated) one's summed over the world."""
-    grad = param.grad
-    if isinstance(grad, DTensor):
-        return grad.full_tensor()
-    local = (torch.zeros_like(param) if grad is None else grad).detach().clone()
+    """The parameter's whole gradient: a DTensor's ``full_tensor()`` (zeros where no rank's shard got one), a
+    rank-local one's put together, a plain (replicated) one's summed over the world. A shard or a rank-local
+    parameter with no gradient on its rank (its experts received no token) counts as zeros there."""
     if rows is not None:
-        return rows.whole(local)
+        return rows.whole(_grad_or_zeros(param).detach())
+    if isinstance(param, DTensor):
+        grad = whole_grad(param, param.grad)  # every rank joins the collective, with a gradient or without
+        assert grad is not None
+        return grad
+    local = _grad_or_zeros(param).detach().clone()
     dist.all_reduce(local)
     return local
 
@@ -103,18 +115,56 @@ def _placements(layer: nn.Module, local: dict[str, LocalRows]) -> dict[str, str]
     }
 
 
+def local_part(whole: torch.Tensor, param: DTensor) -> torch.Tensor | None:
+    """The part of ``whole`` (a tensor of ``param``'s full shape) this rank holds under ``param``'s placements.
+
+    Each ``Shard(d)`` on mesh dim i keeps chunk ``c`` (this rank's coordinate
+    on that mesh dim, not its global rank) of ``torch.chunk(part, mesh.size(i),
+    d)``, mesh dims in order, as DTensor lays shards out; a rank outside the
+    mesh holds nothing. None for a strided shard, whose layout this does not
+    model.
+    """
+    mesh = param.device_mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        return whole.narrow(0, 0, 0)
+    part = whole
+    for i, placement in enumerate(param.placements):
+        if "Strided" in type(placement).__name__:
+            return None
+        if placement.is_shard():
+            dim = placement.dim  # type: ignore[attr-defined]
+            chunks = torch.chunk(part, mesh.size(i), dim=dim)
+            part = chunks[coordinate[i]] if coordinate[i] < len(chunks) else part.narrow(dim, 0, 0)
+    return part
+
+
 def _chunks_match(layer: nn.Module) -> list[str]:
-    """The DTensor parameters whose local shard is not the ``torch.chunk`` share their Shard placement says."""
+    """The DTensor parameters whose local shard is not the ``torch.chunk`` share their placements give this rank's
+    coordinate on their own mesh (:func:`local_part`)."""
     wrong = []
-    me = dist.get_rank()
     for name, param in layer.named_parameters():
-        if isinstance(param, DTensor) and len(param.placements) == 1 and param.placements[0].is_shard():
-            dim = param.placements[0].dim  # type: ignore[attr-defined]
-            share = torch.chunk(param.full_tensor(), param.device_mesh.size(), dim=dim)
-            mine = share[me] if me < len(share) else param.full_tensor().narrow(dim, 0, 0)
-            if not torch.equal(param.to_local(), mine):
+        if isinstance(param, DTensor) and any(p.is_shard() for p in param.placements):
+            mine = local_part(param.full_tensor(), param)
+            if mine is not None and not torch.equal(param.to_local(), mine):
                 wrong.append(name)
     return wrong
+
+
+def _held_experts(layer: nn.Module, local: dict[str, LocalRows], experts: int) -> list[int] | None:
+    """The experts (indices into dim 0 of the unsharded stacked weights) this rank holds: read from the first
+    parameter of ``experts`` rows sharded on dim 0 (a DTensor's placements, or rank-local rows); None if none is."""
+    for name, param in layer.named_parameters():
+        if name in local and local[name].full_rows == experts:
+            return list(local[name].owners[dist.get_rank()])
+        if isinstance(param, DTensor) and param.dim() and param.shape[0] == experts and any(
+            p.is_shard() and getattr(p, "dim", None) == 0 for p in param.placements
+        ):
+            index = torch.arange(experts).reshape(experts, *([1] * (param.dim() - 1))).expand(param.shape)
+            part = local_part(index, param)
+            if part is not None:
+                return part.reshape(part.shape[0], -1)[:, 0].tolist() if part.numel() else []
+    return None
 
 
 def _digest(tensor: torch.Tensor) -> str:
@@ -128,32 +178,38 @@ def _sum_plain_grads(layer: nn.Module, local: dict[str, LocalRows]) -> None:
             dist.all_reduce(param.grad)
 
 
-def run(impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[tuple[str, int]]) -> dict[str, Any]:
-    """One example: forward, backward and ``steps`` of the expert-parallel layer and of one process; what differs."""
+def run(
+    impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[tuple[str, int]], muted: Sequence[int] = (),
+) -> dict[str, Any]:
+    """One example: forward, backward and ``steps`` of the expert-parallel layer and of one process; what differs.
+
+    ``counts[r]`` tokens on rank r; ``muted`` experts the router is steered away from (:func:`~.target.steer`), so
+    that chosen ranks receive no (token, expert) pair. The target's errors are not caught: a rank that raises shows
+    its exception (the harness reports every rank's), and the ranks it leaves waiting are reported stuck, not hung.
+    ``received_pairs`` is how many pairs one process routes to the experts this rank holds (None where the layer's
+    routing or placement cannot be read).
+    """
     me = dist.get_rank()
     reference = build_layer(impl, seed).to(_device())
+    if muted:
+        steer(reference, muted)
     before = {name: p.detach().clone() for name, p in reference.named_parameters()}
-    try:
-        layer = parallelize(impl, copy.deepcopy(reference), _mesh())
-    except Exception as exc:  # the target refused or broke: the checks report its error
-        return {"error": f"{type(exc).__name__}: {exc}", "where": "applying expert parallelism"}
+    layer = parallelize(impl, copy.deepcopy(reference), _mesh())
     dim = dim_of(reference)
     xs = [tokens(seed, r, n, dim) for r, n in enumerate(counts)]
     projections = [tokens(seed, r, n, dim, salt=1) for r, n in enumerate(counts)]
     local, found_problems = find(layer, before)
     found: dict[str, Any] = {
         "placements": _placements(layer, local), "chunks_wrong": _chunks_match(layer), "local_problems": found_problems,
+        "received_pairs": _received_pairs(reference, layer, local, xs),
     }
     found["start"] = {
         name: _difference(_whole(p, local.get(name)), before[name]) for name, p in layer.named_parameters()
         if name in before
     }
     mine = xs[me].clone().requires_grad_(True)
-    try:
-        loss, out, aux = _loss(layer, mine, projections[me])
-        loss.backward()
-    except Exception as exc:  # its forward or backward raised: the checks report it
-        return {**found, "error": f"{type(exc).__name__}: {exc}", "where": "in forward or backward"}
+    loss, out, aux = _loss(layer, mine, projections[me])
+    loss.backward()
     reference_loss = torch.zeros((), dtype=torch.float64, device=_device())
     want_out = want_aux = None
     theirs = [x.clone().requires_grad_(True) for x in xs]
@@ -181,6 +237,18 @@ def run(impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[
     return found
 
 
+def _received_pairs(
+    reference: nn.Module, layer: nn.Module, local: dict[str, LocalRows], xs: list[torch.Tensor]
+) -> int | None:
+    """How many (token, expert) pairs of every rank's tokens one process routes to the experts this rank holds."""
+    experts = getattr(reference, "num_experts", None)
+    routed = routed_experts(reference, torch.cat(xs).to(_device())) if isinstance(experts, int) else None
+    held = _held_experts(layer, local, experts) if isinstance(experts, int) else None
+    if routed is None or held is None:
+        return None
+    return int(torch.isin(routed.reshape(-1).cpu(), torch.tensor(held, dtype=torch.int64)).sum())
+
+
 def _optimizer(kind: str, layer: nn.Module) -> torch.optim.Optimizer:
     """SGD, or Adam with eps 1e-3: Adam's first step moves each weight by lr * g / (|g| + eps), so with torch's eps
     (1e-8) a gradient entry near the rounding noise of a declared float32 computation would move by up to lr on one
@@ -203,19 +271,26 @@ def _train(
             ref_opt.step()
             opt.zero_grad()
             ref_opt.zero_grad()
-            _loss(layer, xs[me], projections[me])[0].backward()
+            # The tokens require grad, as a layer's input does in a model (it carries the earlier layers' gradient).
+            _loss(layer, xs[me].clone().requires_grad_(True), projections[me])[0].backward()
             sum(_loss(reference, xs[r], projections[r])[0] for r in range(len(xs))).backward()  # type: ignore[union-attr]
     reference_params = dict(reference.named_parameters())
     return {name: _difference(_whole(p, local.get(name)), reference_params[name])
             for name, p in layer.named_parameters() if name in reference_params}
 
 
-def placements(impl: Implementation) -> dict[str, str] | str:
-    """How the target places each parameter of the layer (``Shard(0)``, ``plain``...), or the error it raised."""
+def placements(impl: Implementation) -> dict[str, Any]:
+    """How the target lays the layer out on this rank: ``placements`` (each parameter's ``Shard(0)``, ``plain``...,
+    or the error the target raised), ``held`` (the experts this rank holds, None where nothing says) and
+    ``routing`` (``(num_experts, top_k)`` of a layer whose routing the suite can steer, else None)."""
     layer = build_layer(impl, 0).to(_device())
+    experts = getattr(layer, "num_experts", None)
+    routing = (layer.num_experts, layer.top_k) if steerable(layer) else None
     start = {name: p.detach().clone() for name, p in layer.named_parameters()}
     try:
         layer = parallelize(impl, layer, _mesh())
     except Exception as exc:  # reported by the checks, which run it again
-        return f"{type(exc).__name__}: {exc}"
-    return _placements(layer, find(layer, start)[0])
+        return {"placements": f"{type(exc).__name__}: {exc}", "held": None, "routing": routing}
+    local = find(layer, start)[0]
+    held = _held_experts(layer, local, experts) if isinstance(experts, int) else None
+    return {"placements": _placements(layer, local), "held": held, "routing": routing}

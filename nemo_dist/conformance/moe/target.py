@@ -9,6 +9,7 @@ suite's :class:`~nemo_dist.conformance.moe.layer.TinyMoE`, or the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,8 +22,8 @@ from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.moe.layer import TinyMoE
 from nemo_dist.conformance.wrapping import DTYPES
 
-__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "build_layer", "dim_of", "dtype_tolerance", "outputs", "parallelize",
-           "tolerance", "validate"]
+__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "MUTE", "build_layer", "dim_of", "dtype_tolerance", "outputs",
+           "parallelize", "routed_experts", "steer", "steerable", "tolerance", "validate"]
 
 #: The auxiliary loss's weight in the loss every check backpropagates.
 AUX_WEIGHT = 0.25
@@ -53,6 +54,43 @@ def build_layer(impl: Implementation, seed: int) -> nn.Module:
     factory = impl.suite_option("moe_layer")
     layer = resolve_callable(factory)() if factory else TinyMoE()
     return layer.to(torch.float64)
+
+
+#: What steering takes off a muted expert's router logit: its score is then below e^-40 (about 4e-18) of the others'.
+MUTE = 40.0
+
+
+def steerable(layer: nn.Module) -> bool:
+    """Whether the suite can steer ``layer``'s routing: it has ``num_experts``, an int ``top_k`` below it and a
+    ``router`` Linear with a bias of ``num_experts`` logits (the suite's own layer does; a ``--moe-layer`` may)."""
+    router, experts, top_k = getattr(layer, "router", None), getattr(layer, "num_experts", None), getattr(
+        layer, "top_k", None)
+    return (isinstance(router, nn.Linear) and router.bias is not None and isinstance(experts, int)
+            and router.out_features == experts and isinstance(top_k, int) and 0 < top_k < experts)
+
+
+def steer(layer: nn.Module, muted: Sequence[int]) -> None:
+    """Steer ``layer``'s router away from the ``muted`` experts (:data:`MUTE` off their bias), so that no token
+    chooses them while ``top_k`` others are left; the layer is otherwise unchanged and its router still learns.
+    Raises ``ValueError`` for a layer that is not :func:`steerable` or too few experts left."""
+    if not steerable(layer):
+        raise ValueError("the layer's routing cannot be steered (no router Linear with a bias of num_experts logits)")
+    router: Any = layer.router
+    experts: int = getattr(layer, "num_experts")  # noqa: B009 (a Module's attribute mypy reads as a Tensor)
+    if experts - len(set(muted)) < getattr(layer, "top_k"):  # noqa: B009
+        raise ValueError(f"muting {len(set(muted))} of {layer.num_experts} experts leaves fewer than top_k")
+    with torch.no_grad():
+        router.bias[list(muted)] -= MUTE
+
+
+def routed_experts(layer: nn.Module, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The experts one process routes each of ``tokens`` to (``[T, top_k]``), for a :func:`steerable` layer (its
+    top-k router logits, as its softmax keeps their order); None for any other layer."""
+    if not steerable(layer):
+        return None
+    router: Any = layer.router
+    with torch.no_grad():
+        return torch.topk(router(tokens), getattr(layer, "top_k"), dim=-1).indices  # noqa: B009
 
 
 def dim_of(layer: nn.Module) -> int:
