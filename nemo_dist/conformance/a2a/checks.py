@@ -5,13 +5,17 @@ Each check draws its examples in the parent with hypothesis: a split matrix
 callable given no split sizes), a trailing shape, a float dtype and a seed
 from which every rank makes its rows and gradients
 (:func:`~nemo_dist.conformance.a2a.ranks.rows`). The parent rebuilds them and
-computes what each rank must receive (:func:`routed`). An all-to-all is a
-copy, so outputs and gradients are compared bit for bit in every dtype.
+computes what each rank must receive (:func:`routed`). Before anything is
+drawn, every world of 2 or more runs the edge cases on purpose
+(:func:`edge_matrices`, :func:`edge_dispatches`): a rank that receives
+nothing, a rank that sends nothing, everything sent to one rank. An
+all-to-all is a copy, so outputs and gradients are compared bit for bit in
+every dtype.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +42,8 @@ __all__ = [
     "backward_returns_each_row_its_gradient",
     "bad_destinations_refused_on_every_rank",
     "dispatch_combine_round_trips",
+    "edge_dispatches",
+    "edge_matrices",
     "forward_routes_rows_in_rank_order",
     "group_is_honoured",
     "inputs_and_grads_not_modified",
@@ -79,6 +85,38 @@ def _draw_example(data: st.DataObject, sizes: Sequence[int], uneven: bool, symme
     }
 
 
+def edge_matrices(size: int, symmetric: bool) -> list[Matrix]:
+    """The split matrices every world of 2+ ranks runs before anything drawn: the last rank receives no row, rank 0
+    sends none and, unless ``symmetric``, every row goes to rank 0; symmetric, the last rank neither sends nor
+    receives."""
+    if size < 2:
+        return []
+
+    def where(keep: Callable[[int, int], bool]) -> Matrix:
+        return [[(1 + (i + j) % 3) if keep(i, j) else 0 for j in range(size)] for i in range(size)]
+
+    if symmetric:
+        return [where(lambda i, j: size - 1 not in (i, j))]
+    return [where(lambda _i, j: j != size - 1), where(lambda i, _j: i != 0), where(lambda _i, j: j == 0)]
+
+
+def _edge_examples(sizes: Sequence[int], uneven: bool, symmetric: bool) -> list[dict[str, Any]]:
+    """:func:`edge_matrices` as examples (every group's at once, float64 rows of width 2); none for a callable
+    given no split sizes, whose splits are equal (its drawn examples include zero rows per pair)."""
+    if not uneven:
+        return []
+    per_group = [edge_matrices(size, symmetric) for size in sizes]
+    count = max((len(m) for m in per_group), default=0)
+    def matrix(i: int, size: int, edges: list[Matrix]) -> Matrix:
+        return edges[i] if i < len(edges) else [[1] * size for _ in range(size)]
+
+    return [
+        {"matrices": [matrix(i, size, m) for size, m in zip(sizes, per_group, strict=True)],
+         "trailing": (2,), "dtype": torch.float64, "seed": i}
+        for i in range(count)
+    ]
+
+
 def _blocks(example: dict[str, Any], index: int, *, salt: int = 0, counts: Sequence[int]) -> list[torch.Tensor]:
     return [
         ranks.rows(example["seed"], r + 100 * index, n, example["trailing"], example["dtype"], salt)
@@ -110,11 +148,7 @@ def _property(
     members = _members(partition, world.size)
     last = LastFailure()
 
-    @given(data=st.data())
-    def prop(data: st.DataObject) -> None:
-        # Intactness alone on symmetric splits: a backward that fails on uneven ones (its own check's bug) still runs.
-        example = _draw_example(data, [len(m) for m in members], call.uneven, symmetric=intact_only)
-        requires_grad = backward or data.draw(st.booleans(), label="requires_grad")
+    def judge(example: dict[str, Any], requires_grad: bool) -> None:
         results: list[dict[str, Any]] = []
         with last.record(example=example, results=results):
             results += world.run(
@@ -141,6 +175,17 @@ def _property(
                         assert_same(found["grad"], grads[place], f"{where}: input gradient of splits "
                                     f"{example['matrices'][index]}")
 
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        # Intactness alone on symmetric splits: a backward that fails on uneven ones (its own check's bug) still runs.
+        example = _draw_example(data, [len(m) for m in members], call.uneven, symmetric=intact_only)
+        judge(example, backward or data.draw(st.booleans(), label="requires_grad"))
+
+    def edges_then_drawn() -> None:
+        for example in _edge_examples([len(m) for m in members], call.uneven, symmetric=intact_only):
+            judge(example, True)
+        prop()
+
     def cause(example: dict[str, Any]) -> str:
         if not backward or intact_only:
             return ""
@@ -153,7 +198,7 @@ def _property(
                 wanted.append(grads[place])
         return gradient_cause(found, wanted) if len(results) == world.size else ""
 
-    diagnosed(prop, last, cause)
+    diagnosed(edges_then_drawn, last, cause)
 
 
 @a2a_check("a2a.forward_routes_rows_in_rank_order")
@@ -240,17 +285,37 @@ def dispatch_combine_round_trips(world: WorldLike, impl: Implementation) -> None
         raise NotSupported("the target has no dispatch_tokens and combine_tokens (a module's, checked where it has "
                            "them)")
 
-    @given(data=st.data())
-    def prop(data: st.DataObject) -> None:
-        counts, destinations, seed = _draw_tokens(data, world.size)
+    def judge(counts: list[int], destinations: list[list[int]], seed: int) -> None:
         results = world.run(ranks.dispatched, impl, counts, destinations, seed)
         tokens = [ranks.rows(seed, r, n, (3,), torch.float64) for r, n in enumerate(counts)]
         weights = [ranks.rows(seed, r, n, (3,), torch.float64, salt=1) for r, n in enumerate(counts)]
         for r, found in enumerate(results):
+            where = f"tokens per rank {counts}, destinations {destinations}, rank {r}"
             arrived = torch.cat([tokens[s][[d == r for d in destinations[s]]] for s in range(world.size)])
-            assert_same(found["received"], arrived, f"rank {r}: tokens dispatched to it")
+            assert_same(found["received"], arrived, f"{where}: tokens dispatched to it")
             scale = torch.tensor([d + 2 for d in destinations[r]], dtype=torch.float64).reshape(-1, 1)
-            assert_same(found["combined"], tokens[r] * scale, f"rank {r}: combined tokens")
-            assert_same(found["grad"], weights[r] * scale, f"rank {r}: tokens' gradient")
+            assert_same(found["combined"], tokens[r] * scale, f"{where}: combined tokens")
+            assert_same(found["grad"], weights[r] * scale, f"{where}: tokens' gradient")
 
+    @given(data=st.data())
+    def prop(data: st.DataObject) -> None:
+        judge(*_draw_tokens(data, world.size))
+
+    for counts, destinations in edge_dispatches(world.size):
+        judge(counts, destinations, 0)
     prop()
+
+
+def edge_dispatches(size: int) -> list[tuple[list[int], list[list[int]]]]:
+    """The dispatches every world of 2+ ranks runs before anything drawn: ``(tokens per rank, destinations)`` where
+    the last rank receives no token, where rank 0 has none (so sends none), and where every token goes to rank 0."""
+    if size < 2:
+        return []
+    counts = [2] * size
+    avoid_last = [[(r + t) % (size - 1) for t in range(2)] for r in range(size)]
+    rank_0_empty = [0, *counts[1:]]
+    return [
+        (counts, avoid_last),
+        (rank_0_empty, [[(r + t) % size for t in range(n)] for r, n in enumerate(rank_0_empty)]),
+        (counts, [[0, 0] for _ in range(size)]),
+    ]
