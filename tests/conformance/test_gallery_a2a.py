@@ -15,7 +15,18 @@ from dataclasses import dataclass
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance.a2a.causes import DETACHED, MULTIPLIED, NOT_SWAPPED, PERMUTED
+from nemo_dist.conformance.a2a.causes import (
+    DETACHED,
+    IN_PLACE,
+    LOWER_DTYPE,
+    MULTIPLIED,
+    NOT_SWAPPED,
+    PERMUTED,
+    REDUCED,
+)
+from nemo_dist.conformance.a2a.causes import (
+    GROUP as GROUP_CAUSE,
+)
 from nemo_dist.conformance.report import format_report
 from nemo_dist.conformance.target import resolve_implementation, validate_implementation
 from nemo_dist.testing.plugin import WorldFactory
@@ -60,7 +71,7 @@ GALLERY: dict[str, Row] = {
     ),
     "scaled": Row(
         G + "scaled:all_to_all", failing=UNCHECKED | {BACKWARD}, guards=frozenset({BACKWARD}),
-        cause=MULTIPLIED.format(factor=2).split(":")[0],
+        cause=MULTIPLIED.format(factor=2, divisor=" (W = 2)").split(":")[0],
     ),
     "detached": Row(
         G + "detached:all_to_all", failing=UNCHECKED | {FORWARD, BACKWARD, GROUP},
@@ -70,7 +81,22 @@ GALLERY: dict[str, Row] = {
         G + "blocks_reversed:all_to_all", failing=UNCHECKED | {BACKWARD}, guards=frozenset({BACKWARD}),
         cause=_cause(PERMUTED),
     ),
-    "group_ignored": Row(G + "group_ignored:all_to_all", failing=UNCHECKED | {GROUP}, guards=frozenset({GROUP})),
+    "group_ignored": Row(
+        G + "group_ignored:all_to_all", failing=UNCHECKED | {GROUP}, guards=frozenset({GROUP}),
+        cause=_cause(GROUP_CAUSE),
+    ),
+    "backward_bfloat16": Row(
+        G + "backward_bfloat16:all_to_all", failing=UNCHECKED | {BACKWARD, GROUP}, guards=frozenset({BACKWARD, GROUP}),
+        cause=LOWER_DTYPE.format(dtype="bfloat16").split(":")[0],
+    ),
+    "backward_all_reduced": Row(
+        G + "backward_all_reduced:_AllToAll", failing=frozenset({BACKWARD}), guards=frozenset({BACKWARD}),
+        cause=_cause(REDUCED),
+    ),
+    "grad_written_in_place": Row(
+        G + "grad_written_in_place:all_to_all", failing=UNCHECKED | {BACKWARD, INTACT},
+        guards=frozenset({BACKWARD, INTACT}), cause=_cause(IN_PLACE),
+    ),
 }
 
 _REPORTS: dict[tuple[str, bool], tuple[Report, str]] = {}
@@ -132,3 +158,18 @@ def test_broken_all_to_all_fails_exactly_its_stated_checks(name: str, world_fact
     report, table = _report(name, True, world_factory)
     assert {v.check for v in report.verdicts if v.failed} == row.failing, table
     assert not [v for v in report.verdicts if v.outcome == "hang"], table
+
+
+@pytest.mark.xdist_group(name="a2a_gallery_4")
+def test_a_target_wrong_over_the_whole_world_is_not_blamed_on_its_groups(world_factory: WorldFactory) -> None:
+    """In a world of 4 (groups of 2) the backward scaled by the group size fails the group check too, and its cause
+    there is the exact factor, never the group: the cause is proven by the gradients, not by the check's name."""
+    row = GALLERY["scaled"]
+    impl, components = resolve_implementation(suite_options={"a2a_fn": row.fn})
+    checks = [c for c in select_checks(load_checks().values(), impl, "all", None, components) if c.name == GROUP]
+    report = run_checks(checks, impl, (4,), worlds=world_factory, components=components)
+    table = format_report(report)
+    (verdict,) = report.verdicts
+    assert verdict.outcome == "fail", table
+    assert MULTIPLIED.format(factor=2, divisor=" (W = 2)").split(":")[0] in verdict.cause, table
+    assert _cause(GROUP_CAUSE) not in verdict.cause, table

@@ -1,93 +1,127 @@
-"""How the a2a suite registers a check, and the likely causes its failures name.
+"""How the a2a suite registers a check, and the likely causes its failures name, each only where a diagnostic
+proves it.
 
-Every check of the suite goes through :func:`a2a_check` (component ``a2a``);
-a failure whose ranks' results show a known bug class (:func:`gradient_cause`)
-carries that class as its cause, else the check's own.
+Every check of the suite goes through :func:`a2a_check` (component ``a2a``).
+A failure names a cause only where the ranks' results show it
+(:func:`gradient_cause`, :func:`routing_cause`), a re-run shows it
+(:data:`NONDETERMINISTIC`), or the check's own comparison is the proof
+(the bytes of the caller's tensors before and after, a rank that raised
+nothing): otherwise its message says what differs, on which rank, and no
+cause is printed.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 
-from nemo_dist.conformance.deadlines import StepAborted
 from nemo_dist.conformance.registry import check, with_likely_cause
-from nemo_dist.testing import RankFailure
 
-__all__ = ["CAUSES", "DETACHED", "MULTIPLIED", "NOT_SWAPPED", "PERMUTED", "a2a_check", "failure", "gradient_cause"]
+__all__ = [
+    "CAUSES",
+    "DETACHED",
+    "GROUP",
+    "IN_PLACE",
+    "LOWER_DTYPE",
+    "MULTIPLIED",
+    "NONDETERMINISTIC",
+    "NOT_GROUP",
+    "NOT_SWAPPED",
+    "PERMUTED",
+    "REDUCED",
+    "SPLITS_SWAPPED",
+    "a2a_check",
+    "failure",
+    "gradient_cause",
+    "routing_cause",
+]
 
 #: The output is outside autograd: the gradient never reaches the rows that were sent.
 DETACHED = (
     "the result is detached from autograd: a plain dist.all_to_all_single (or a .detach(), or a buffer written "
     "in place) where an autograd all-to-all was needed, so no gradient reaches the rows that were sent"
 )
-#: Every gradient a whole multiple of the right one.
+#: Every gradient an exact multiple of the right one.
 MULTIPLIED = (
-    "gradients {factor} times the right ones: the backward sums or scales what the inverse all-to-all already "
-    "routes (an all-reduce after it, or a gradient counted once per rank)"
+    "gradients exactly {factor} times the right ones on every rank{divisor}: the backward scales what the inverse "
+    "all-to-all already routes exactly"
 )
-#: Gradients of the wrong shape: the backward sent them back with the forward's split sizes.
+#: Every gradient of the wrong shape, each the rows the forward received; or right on symmetric splits alone.
 NOT_SWAPPED = (
     "backward does not swap the split sizes: the gradient goes back with the forward's input and output split "
-    "sizes (right only when every rank sends each rank what it receives from it)"
+    "sizes (each rank's input gradient has as many rows as it received in forward, or the same call is right when "
+    "every rank sends each rank what it receives from it and wrong otherwise)"
 )
 #: The right gradient values on the wrong rows.
 PERMUTED = (
-    "gradient rows permuted: each sent row gets another row's gradient (the inverse all-to-all's blocks taken in "
-    "another rank order, or the rows re-ordered after it and not put back)"
+    "gradient rows permuted: each rank's input gradient holds the right rows in another order (the inverse "
+    "all-to-all's blocks taken in another rank order, or the rows re-ordered after it and not put back)"
+)
+#: Every gradient the right one rounded through a lower dtype.
+LOWER_DTYPE = (
+    "gradients rounded through {dtype}: every rank's input gradient equals the right one cast to {dtype} and back "
+    "(the backward exchanges or computes in {dtype})"
+)
+#: Every rank's gradient the sum of every rank's right one.
+REDUCED = (
+    "the backward reduces over the ranks: every rank's input gradient is the sum of all ranks' right ones (an "
+    "all-reduce after, or instead of, the inverse all-to-all)"
+)
+#: A re-run of the same example gave other values.
+NONDETERMINISTIC = (
+    "the same example run again on the same ranks gives other values: a result read before its collective finished "
+    "(an async work never waited on) or read from memory nothing wrote"
+)
+#: The caller's tensors changed (proven by their bytes before and after the call).
+IN_PLACE = (
+    "the caller's input or the gradient passed to backward is written in place (their bytes differ after the "
+    "call; the results may be right)"
+)
+#: Every output of the wrong shape, each the rows the rank sent.
+SPLITS_SWAPPED = (
+    "input and output split sizes swapped: each rank's output has as many rows as it sent, not as many as it was "
+    "sent"
 )
 
-#: Check name (without the ``a2a.`` prefix) -> the likely cause of its failure.
+#: The exchange is right over the whole world and wrong over the groups.
+GROUP = (
+    "the process group is not honoured: the same target exchanges rightly over the whole world and wrongly over the "
+    "groups (the whole world's group used, or a rank's place in its group taken from its global rank)"
+)
+#: The exchange is wrong over the whole world too.
+NOT_GROUP = (
+    "not the groups: the same target is wrong over the whole world too (its routing or backward checks say how)"
+)
+
+#: Check name (without the ``a2a.`` prefix) -> the cause its failure proves by itself ("": only a diagnosed one).
 CAUSES = {
-    "forward_routes_rows_in_rank_order": "rows routed to the wrong rank or in the wrong order: input and output "
-    "split sizes swapped, the source ranks' blocks placed out of rank order, a zero-size split mishandled, or the "
-    "dtype changed on the way",
-    "backward_returns_each_row_its_gradient": NOT_SWAPPED,
-    "inputs_and_grads_not_modified": "the caller's input or the gradient passed to backward written in place "
-    "(a buffer reused for the result, or the output's gradient scaled in place)",
-    "group_is_honoured": "the process group ignored (the whole world's used), or a rank's place in the group taken "
-    "from its global rank",
-    "mismatched_sizes_refused_on_every_rank": "split sizes or row shapes passed to the collective unchecked: ranks "
-    "that disagree on them make the backend abort the process (gloo), hang or deliver garbage (NCCL), where a small "
-    "exchange of the sizes first would let every rank raise; or the refusal's own code raising instead",
-    "bad_destinations_refused_on_every_rank": "destinations not checked against the group before counts are "
-    "exchanged: a token addressed outside the group is dropped, clamped or crashes one rank while the others wait",
-    "dispatch_combine_round_trips": "a token dispatched to the wrong rank or combined into the wrong place: the "
-    "route's order not inverted in combine, or counts not exchanged so a receiver's splits are wrong",
+    "forward_routes_rows_in_rank_order": "",
+    "backward_returns_each_row_its_gradient": "",
+    "inputs_and_grads_not_modified": IN_PLACE,
+    "group_is_honoured": "",
+    "mismatched_sizes_refused_on_every_rank": "split sizes or row shapes that disagree between ranks are not "
+    "refused on every rank before the exchange",
+    "bad_destinations_refused_on_every_rank": "a destination outside the group is not refused on every rank before "
+    "counts are exchanged",
+    "dispatch_combine_round_trips": "",
 }
 
 
 def a2a_check(
     name: str, *, tier: Literal["core", "extended"] = "core", min_world: int = 1, once: bool = False
 ) -> Callable[[Callable[..., None]], Any]:
-    """Register check ``a2a.NAME``; its failures name ``CAUSES[NAME]`` where they carry no cause of their own."""
+    """Register check ``a2a.NAME``; its failures name ``CAUSES[NAME]`` (where not empty) when they carry no cause
+    of their own."""
     cause = CAUSES[name.removeprefix("a2a.")]
 
     def register(run: Callable[..., None]) -> Any:
         return check(name, tier=tier, component="a2a", min_world=min_world, once=once)(
-            with_likely_cause(_rank_errors_explained(run, cause), cause)
+            with_likely_cause(run, cause) if cause else run
         )
 
     return register
-
-
-def _rank_errors_explained(run: Callable[..., None], cause: str) -> Callable[..., None]:
-    """``run`` whose failures raised on the ranks (the call's own errors, not a crash) carry ``cause`` too:
-    a backward that errors on uneven splits is the check's bug class, not a harness failure."""
-
-    @functools.wraps(run)
-    def explained(world: Any, impl: Any) -> None:
-        try:
-            run(world, impl)
-        except (RankFailure, StepAborted) as exc:
-            if not getattr(exc, "likely_cause", ""):
-                setattr(exc, "likely_cause", cause)  # noqa: B010 (an attribute neither class declares)
-            raise
-
-    return explained
 
 
 def failure(message: str, cause: str) -> AssertionError:
@@ -97,20 +131,74 @@ def failure(message: str, cause: str) -> AssertionError:
     return exc
 
 
-def gradient_cause(got: Sequence[torch.Tensor | None], expected: Sequence[torch.Tensor]) -> str:
-    """The bug class the ranks' input gradients show against the right ones ("" when none fits)."""
+#: Factors a scaled gradient is named by, with the divisor each implies in a group of W.
+_FACTORS = ((2.0, "W = 2"), (3.0, "W = 3"), (4.0, "W = 4"), (0.5, "1/W, W = 2"), (1 / 3, "1/W, W = 3"),
+            (0.25, "1/W, W = 4"))
+
+
+def _rounding(dtype: torch.dtype) -> float:
+    """The unit roundoff of a float ``dtype``."""
+    return float(torch.finfo(dtype).eps) / 2
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, roundings: float = 4.0) -> bool:
+    """Whether ``got`` equals ``want`` within ``roundings`` of ``dtype``'s unit roundoff, relative to ``want``."""
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    return bool(torch.allclose(got, want, rtol=0, atol=roundings * _rounding(dtype) * max(scale, 1e-30)))
+
+
+def gradient_cause(
+    got: Sequence[torch.Tensor | None], expected: Sequence[torch.Tensor], received: Sequence[int] | None = None,
+    group_size: int | None = None,
+) -> str:
+    """The bug class the ranks' input gradients prove against the right ones ("" where none is proven).
+
+    ``received[r]``: the rows rank r received in forward, which a gradient
+    sent back with unswapped split sizes has; ``group_size``: the W a scale
+    factor is named against.
+    """
     if any(g is None for g in got):
         return DETACHED
-    pairs = list(zip(got, expected, strict=True))
-    if any(tuple(g.shape) != tuple(e.shape) for g, e in pairs):  # type: ignore[union-attr]
-        return NOT_SWAPPED
-    wide = [(g.double(), e.double()) for g, e in pairs]  # type: ignore[union-attr]
-    if any(e.abs().sum() > 0 for _, e in wide):
-        for factor in (2, 3, 4, 0.5):
-            if all(torch.allclose(g, e * factor, rtol=1e-2, atol=0) for g, e in wide):
-                return MULTIPLIED.format(factor=factor)
+    pairs = [(g, e) for g, e in zip(got, expected, strict=True) if g is not None]
+    if any(tuple(g.shape) != tuple(e.shape) for g, e in pairs):
+        if received is not None and all(g.shape[0] == n for (g, _), n in zip(pairs, received, strict=True)):
+            return NOT_SWAPPED
+        return ""
+    dtype = pairs[0][1].dtype if pairs else torch.float64
+    wide = [(g.double(), e.double()) for g, e in pairs]
+    if all(torch.equal(g, e) for g, e in wide) or not any(e.abs().sum() > 0 for _, e in wide):
+        return ""
+    for factor, divisor in _FACTORS:
+        if all(_close(g, e * factor, dtype) for g, e in wide):
+            implied = f" ({divisor})" if group_size is not None and divisor.endswith(f"W = {group_size}") else ""
+            return MULTIPLIED.format(factor=f"{factor:.4g}", divisor=implied)
+    for lower in (torch.bfloat16, torch.float16):
+        if _rounding(lower) > _rounding(dtype) and all(
+            torch.equal(g, e.to(lower).double()) for g, e in wide
+        ):
+            return LOWER_DTYPE.format(dtype=str(lower).removeprefix("torch."))
+    if len({tuple(e.shape) for _, e in wide}) == 1 and len(wide) > 1:
+        total = torch.stack([e for _, e in wide]).sum(dim=0)
+        if all(_close(g, total, dtype, roundings=4.0 * len(wide)) for g, _ in wide):
+            return REDUCED
     if all(_same_rows(g, e) for g, e in wide):
         return PERMUTED
+    return ""
+
+
+def routing_cause(got: Sequence[Any], expected: Sequence[torch.Tensor], sent: Sequence[int]) -> str:
+    """The bug class the ranks' outputs prove against the right ones ("" where none is proven); ``sent[r]``: the
+    rows rank r sent, which an output routed with swapped split sizes has."""
+    if not all(isinstance(g, torch.Tensor) for g in got):
+        return ""
+    pairs = list(zip(got, expected, strict=True))
+    if any(g.dtype != e.dtype for g, e in pairs):
+        return ""
+    if any(tuple(g.shape) != tuple(e.shape) for g, e in pairs):
+        return SPLITS_SWAPPED if all(g.shape[0] == n for (g, _), n in zip(pairs, sent, strict=True)) else ""
+    if any(not torch.equal(g, e) for g, e in pairs) and all(_same_rows(g.double(), e.double()) for g, e in pairs):
+        return PERMUTED.replace("gradient rows permuted: each rank's input gradient", "rows permuted: each rank's "
+                                "output").replace("inverse all-to-all's blocks", "source ranks' blocks")
     return ""
 
 

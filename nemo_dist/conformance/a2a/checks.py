@@ -23,7 +23,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_dist.conformance.a2a import ranks
-from nemo_dist.conformance.a2a.causes import DETACHED, a2a_check, failure, gradient_cause
+from nemo_dist.conformance.a2a.causes import (
+    DETACHED,
+    GROUP,
+    IN_PLACE,
+    NONDETERMINISTIC,
+    NOT_GROUP,
+    NOT_SWAPPED,
+    a2a_check,
+    failure,
+    gradient_cause,
+    routing_cause,
+)
 from nemo_dist.conformance.a2a.target import caller, module_function
 from nemo_dist.conformance.errors import NotApplicable, NotSupported
 from nemo_dist.conformance.gather.properties import (
@@ -33,8 +44,10 @@ from nemo_dist.conformance.gather.properties import (
     error_rows,
     interleaved_partition,
 )
+from nemo_dist.conformance.gather.ranks import same_bits
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike
+from nemo_dist.testing import RankFailure
 from nemo_dist.testing import strategies as ds
 
 __all__ = [
@@ -133,6 +146,36 @@ def _expected(example: dict[str, Any], index: int) -> tuple[list[torch.Tensor], 
     return outputs, routed(grads_out, _transposed(matrix))
 
 
+def _differs(first: list[dict[str, Any]], again: list[dict[str, Any]]) -> bool:
+    """Whether a re-run's outputs or gradients differ from the first run's, bit for bit, on any rank."""
+    for a, b in zip(first, again, strict=True):
+        for key in ("out", "grad"):
+            x, y = a.get(key), b.get(key)
+            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+                if x.shape != y.shape or not same_bits(x, y):
+                    return True
+            elif (x is None) != (y is None):
+                return True
+    return False
+
+
+def _group_cause(world: WorldLike, impl: Implementation, backward: bool) -> str:
+    """Whether the exchange that failed over the groups is right over the whole world: then the groups are the
+    cause (proven by the comparison); else the target fails without groups too, which is what the cause says."""
+    matrix = [[1 + (i + j) % 3 for j in range(world.size)] for i in range(world.size)]
+    example = {"matrices": [matrix], "trailing": (2,), "dtype": torch.float64, "seed": 0}
+    results = world.run(ranks.exchanged, impl, example["matrices"], (2,), torch.float64, 0, requires_grad=True,
+                        backward=backward)
+    outputs, grads = _expected(example, 0)
+    whole_right = all(
+        isinstance(f["out"], torch.Tensor) and f["out"].shape == outputs[r].shape and same_bits(f["out"], outputs[r])
+        and (not backward or (isinstance(f.get("grad"), torch.Tensor) and f["grad"].shape == grads[r].shape
+                              and same_bits(f["grad"], grads[r])))
+        for r, f in enumerate(results)
+    )
+    return GROUP if whole_right else NOT_GROUP
+
+
 def _members(partition: Sequence[Sequence[int]] | None, size: int) -> list[list[int]]:
     return [list(m) for m in partition] if partition is not None else [list(range(size))]
 
@@ -148,13 +191,16 @@ def _property(
     members = _members(partition, world.size)
     last = LastFailure()
 
+    def run(example: dict[str, Any], requires_grad: bool) -> list[dict[str, Any]]:
+        return world.run(
+            ranks.exchanged, impl, example["matrices"], example["trailing"], example["dtype"],
+            example["seed"], requires_grad=requires_grad, backward=backward, partition=partition,
+        )
+
     def judge(example: dict[str, Any], requires_grad: bool) -> None:
         results: list[dict[str, Any]] = []
-        with last.record(example=example, results=results):
-            results += world.run(
-                ranks.exchanged, impl, example["matrices"], example["trailing"], example["dtype"],
-                example["seed"], requires_grad=requires_grad, backward=backward, partition=partition,
-            )
+        with last.record(example=example, results=results, requires_grad=requires_grad):
+            results += run(example, requires_grad)
             for index, group in enumerate(members):
                 outputs, grads = _expected(example, index)
                 for place, rank in enumerate(group):
@@ -186,17 +232,47 @@ def _property(
             judge(example, True)
         prop()
 
-    def cause(example: dict[str, Any]) -> str:
-        if not backward or intact_only:
+    def right_when_symmetric(example: dict[str, Any]) -> bool:
+        """Whether the example's splits made symmetric (each rank sends each rank what it receives from it, where
+        swapped and unswapped split sizes are the same) pass: an isolating re-run."""
+        symmetric = [[[m[min(i, j)][max(i, j)] for j in range(len(m))] for i in range(len(m))]
+                     for m in example["matrices"]]
+        if symmetric == example["matrices"]:
+            return False
+        try:
+            judge({**example, "matrices": symmetric}, True)
+        except (AssertionError, RankFailure):
+            return False
+        return True
+
+    def cause(failed: dict[str, Any]) -> str:
+        results, example = failed["results"], failed["example"]
+        if len(results) != world.size:  # a rank raised: only a re-run that isolates the fault can name it
+            if backward and not intact_only and not grouped and right_when_symmetric(example):
+                return NOT_SWAPPED
+            return _group_cause(world, impl, backward) if grouped else ""
+        if not all(f["input_intact"] and f.get("grad_intact", True) for f in results):
+            return IN_PLACE
+        if intact_only:
             return ""
-        results = example["results"]
-        found, wanted = [], []
+        found, wanted, rows_in, rows_out = [], [], [], []
         for index, group in enumerate(members):
-            grads = _expected(example["example"], index)[1]
+            outputs, grads = _expected(example, index)
+            matrix = example["matrices"][index]
             for place, rank in enumerate(group):
-                found.append(results[rank].get("grad"))
-                wanted.append(grads[place])
-        return gradient_cause(found, wanted) if len(results) == world.size else ""
+                found.append(results[rank].get("grad" if backward else "out"))
+                wanted.append(grads[place] if backward else outputs[place])
+                rows_in.append(sum(matrix[i][place] for i in range(len(matrix))))
+                rows_out.append(sum(matrix[place]))
+        named = (gradient_cause(found, wanted, rows_in, len(members[0])) if backward
+                 else routing_cause(found, wanted, rows_out))
+        if not named and _differs(results, run(example, failed["requires_grad"])):
+            named = NONDETERMINISTIC
+        if not named and backward and right_when_symmetric(example):
+            named = NOT_SWAPPED
+        if grouped and not named:
+            named = _group_cause(world, impl, backward)
+        return named
 
     diagnosed(edges_then_drawn, last, cause)
 
