@@ -40,10 +40,12 @@ def dispatch_forward(
     per_rank: int, group: Any, *, owner: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
     local: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None, detach_weights: bool = False,
     compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = local_mlp,
+    detach_tokens: bool = False, weights_twice: bool = False,
 ) -> Callable[..., torch.Tensor]:
     """An experts ``forward(tokens, indices, weights)``: (token, expert) pairs sorted by owner, counts exchanged,
     tokens and expert ids sent with the autograd all-to-all, computed (``compute(rows, local ids, w1, w2)``, default
-    :func:`local_mlp`), sent back, unsorted, weighted and summed."""
+    :func:`local_mlp`), sent back, unsorted, weighted and summed. The bugs a row may build in: the routing weights
+    or the sent tokens detached, the weights applied twice."""
     size = dist.get_world_size(group)
     owner = owner or (lambda e, per, _size: torch.div(e, per, rounding_mode="floor"))
     local = local or (lambda e, per, _size: e % per)
@@ -60,12 +62,14 @@ def dispatch_forward(
         received = torch.empty_like(sent)
         dist.all_to_all_single(received, sent, group=group)
         sent_l, received_l = sent.tolist(), received.tolist()
-        rows = _exchange(tokens[pairs][order], received_l, sent_l, group)
+        outgoing = tokens[pairs][order]
+        rows = _exchange(outgoing.detach() if detach_tokens else outgoing, received_l, sent_l, group)
         ids = torch.empty(sum(received_l), dtype=experts.dtype)
         dist.all_to_all_single(ids, experts[order].contiguous(), received_l, sent_l, group=group)
         back = _exchange(compute(rows, local(ids, per_rank, size), w1, w2), sent_l, received_l, group)
         out = torch.empty_like(back).index_copy(0, order, back)
         scale = weights.detach() if detach_weights else weights
+        scale = scale * scale if weights_twice else scale
         return tokens.new_zeros(tokens.shape).index_add(0, pairs, out * scale.reshape(-1, 1))
 
     return forward

@@ -21,23 +21,23 @@ cause, not a bug of the dispatch.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from nemo_dist.conformance.deadlines import StepAborted
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
-from nemo_dist.conformance.moe.local import LABEL
-from nemo_dist.conformance.moe.target import dtype_tolerance, tolerance
-from nemo_dist.conformance.registry import WorldLike, WorldRule, check, with_likely_cause
+from nemo_dist.conformance.moe.causes import forward_cause, gradient_cause
+from nemo_dist.conformance.moe.target import tolerance
+from nemo_dist.conformance.registry import WorldLike, WorldRule, check
 
 __all__ = [
-    "CAUSES",
+    "SHARDING_CHANGED",
     "Scenario",
     "drawn_examples",
     "edge_scenarios",
@@ -59,47 +59,13 @@ EXPERTS_SPLIT = WorldRule(
     lambda size: EXPERTS % size == 0, f"the suite's {EXPERTS} experts do not split over {{size}} ranks"
 )
 
-ROUTER = (
-    "the router's gradient is wrong while the experts' are right: the routing weights reach the loss through "
-    "something outside autograd (probabilities moved with a plain collective, or detached), the auxiliary "
-    "loss never reaches the router, or a replicated router's per-rank gradient is never summed (a Partial "
-    "gradient marked Replicate)"
-)
-EXPERT = (
-    "expert gradients wrong: the backward of the dispatch or combine does not return each token's gradient to "
-    "its expert (splits not swapped, rows permuted), or an expert's gradient is reduced again over ranks that "
-    "hold different experts"
+#: The cause every later difference has when sharding already changed the layer's weights (proven by comparing the
+#: sharded layer's weights, whole, with the unsharded layer's before any step).
+SHARDING_CHANGED = (
+    "sharding changed the layer's weights (moe.experts_sharded_over_ep says which): every later difference follows "
+    "from that"
 )
 
-#: What a float32 computation may differ by (the tolerance ``--moe-compute-dtype float32`` allows).
-FLOAT32_TOLERANCE = dtype_tolerance("float32")
-ROUNDING = (
-    "every difference (at most {largest:.3g}) is within float32's rounding ({allowed:.3g}): the layer computes, "
-    "gathers or adds up in float32 somewhere while its parameters are float64; if it does so by design, declare "
-    "--moe-compute-dtype float32 (under pytest --conformance-moe-compute-dtype float32)"
-)
-AUX = (
-    "the output is right and the auxiliary loss is not: expert parallelism changed which tokens the load-balance "
-    "loss is taken over (the whole group's rather than this rank's, as one process on this rank's tokens takes it) "
-    "or how it is computed"
-)
-TOKENS = (
-    "the tokens' gradient is wrong while the parameters' are right: the gather that brings tokens to the experts "
-    "has a backward that keeps this rank's slice of the gradient (full_tensor()'s backward, Replicate to Shard) "
-    "where every rank's gradient of those rows must be summed first (a reduce-scatter), or the combine's backward "
-    "returns the rows to the wrong tokens"
-)
-
-CAUSES = {
-    "forward_equals_one_process": "tokens sent to the wrong expert or combined into the wrong place: the expert "
-    "a rank owns computed from the global index, the combine's order not inverted, or tokens of a rank with none "
-    "mishandled",
-    "gradients_equal_one_process": EXPERT,
-    "trains_like_one_process": "parameters apart from one process after steps: a gradient wrong by a factor "
-    "(reduced twice), or replicated parameters stepped from gradients that differ per rank",
-    "experts_sharded_over_ep": "the experts not sharded over the expert-parallel mesh, each rank's shard not the "
-    "chunk its placement says, or the weights changed by sharding",
-}
 
 @dataclass(frozen=True)
 class Scenario:
@@ -134,6 +100,7 @@ class Layout:
 
 _LAYOUTS: dict[tuple[int, Implementation], Layout] = {}
 _RUNS: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]] | BaseException] = {}
+_DIAGNOSES: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]]] = {}
 
 
 def _layout(world: WorldLike, impl: Implementation) -> Layout:
@@ -211,49 +178,80 @@ def drawn_examples() -> int:
 Judge = Callable[[Scenario, list[dict[str, Any]]], None]
 
 
-def _each_scenario(world: WorldLike, impl: Implementation, judge: Judge) -> None:
-    """``judge`` every edge scenario's reports, then drawn ones' (hypothesis shrinks a failing one)."""
+Diagnose = Callable[[Sequence[dict[str, Any]], float, int], str]
+
+
+def _each_scenario(world: WorldLike, impl: Implementation, judge: Judge, diagnose: Diagnose) -> None:
+    """``judge`` every edge scenario's reports, then drawn ones' (hypothesis shrinks a failing one). A failure with
+    no cause of its own gets the one ``diagnose`` proves from its scenario re-run with ``diagnose`` (none where
+    nothing is proven)."""
 
     @settings(max_examples=drawn_examples())
     @given(scenario=_drawn(_layout(world, impl), world.size))
     def prop(scenario: Scenario) -> None:
-        judge(scenario, _reports(world, impl, scenario))
+        try:
+            judge(scenario, _reports(world, impl, scenario))
+        except AssertionError as exc:
+            exc.moe_scenario = scenario  # type: ignore[attr-defined]
+            raise
 
     for scenario in reversed(edge_scenarios(world, impl)):
         prop = example(scenario=scenario)(prop)
-    prop()
+    try:
+        prop()
+    except AssertionError as exc:
+        failed = getattr(exc, "moe_scenario", None)
+        if not getattr(exc, "likely_cause", "") and failed is not None:
+            try:
+                found = diagnose(_diagnosis(world, impl, failed), tolerance(impl), world.size)
+            except (Exception, StepAborted):  # a diagnosis that breaks proves nothing; the failure stands as it is
+                found = ""
+            if found:
+                exc.likely_cause = found  # type: ignore[attr-defined]
+        raise
 
 
-def _off(differences: dict[str, float | None], impl: Implementation) -> tuple[list[str], float]:
-    """What is off by more than the tolerance, worded, and the largest difference (inf for a wrong shape)."""
+def _diagnosis(world: WorldLike, impl: Implementation, scenario: Scenario) -> list[dict[str, Any]]:
+    """Every rank's diagnosis values of ``scenario`` (:func:`~.ranks.run` with ``diagnose``), run once per world
+    size, target and scenario."""
+    key = (world.size, impl, scenario)
+    if key not in _DIAGNOSES:
+        found = world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS, list(scenario.muted), True)
+        _DIAGNOSES[key] = [f["values"] for f in found]
+    return _DIAGNOSES[key]
+
+
+def _off(differences: dict[str, float | None], allowed: float) -> dict[str, float]:
+    """What is off by more than ``allowed``, with its difference (inf for a wrong shape)."""
+    return {name: float("inf") if d is None else d for name, d in differences.items() if d is None or d > allowed}
+
+
+def _close_on_every_rank(per_rank: Sequence[dict[str, float | None]], impl: Implementation, where: str,
+                         cause: str | None = None) -> None:
+    """Fail naming each tensor that is off, by how much and on which ranks (``where`` first), with ``cause`` where
+    given (else the check's diagnosis may prove one: :func:`_each_scenario`)."""
     allowed = tolerance(impl)
-    wrong = {name: d for name, d in differences.items() if d is None or d > allowed}
-    words = [f"{name} " + ("of the wrong shape" if d is None else f"off by {d:.3g} (tolerance {allowed:.3g})")
-             for name, d in wrong.items()]
-    return words, max((float("inf") if d is None else d for d in wrong.values()), default=0.0)
-
-
-def _check_close(differences: dict[str, float | None], impl: Implementation, where: str,
-                 cause: str | Callable[[list[str]], str | None] | None = None) -> None:
-    """Fail naming what is off (``where`` first) when something is; the likely cause is float32's rounding when
-    every difference is within it and no lower compute dtype was declared, else ``cause`` (or ``cause(wrong)``)
-    when it names one, else the check's own."""
-    wrong, largest = _off(differences, impl)
+    wrong: dict[str, list[tuple[int, float]]] = {}
+    for rank, differences in enumerate(per_rank):
+        for name, d in _off(differences, allowed).items():
+            wrong.setdefault(name, []).append((rank, d))
     if not wrong:
         return
-    message = f"{where}{', '.join(wrong)}"
-    if tolerance(impl) < FLOAT32_TOLERANCE and largest <= FLOAT32_TOLERANCE:
-        raise _failure(message, ROUNDING.format(largest=largest, allowed=FLOAT32_TOLERANCE))
-    named = cause(wrong) if callable(cause) else cause
-    raise _failure(message, named) if named else AssertionError(message)
+    parts = []
+    for name, found in wrong.items():
+        largest = max(d for _, d in found)
+        ranks = ", ".join(str(r) for r, _ in found)
+        parts.append(f"{name} " + ("of the wrong shape" if largest == float("inf") else f"off by {largest:.3g}")
+                     + f" on rank{'s' if len(found) > 1 else ''} {ranks}")
+    message = f"{where}{'; '.join(parts)} (tolerance {allowed:.3g})"
+    raise _failure(message, cause) if cause else AssertionError(message)
 
 
 def moe_check(name: str, *, rule: WorldRule | None = EXPERTS_SPLIT) -> Callable[[Callable[..., None]], Any]:
-    """Register check ``moe.NAME`` (component ``moe``); its failures name ``CAUSES[NAME]``."""
-    cause = CAUSES[name.removeprefix("moe.")]
+    """Register check ``moe.NAME`` (component ``moe``); a failure names a cause only where one is proven."""
 
     def register(run: Callable[..., None]) -> Any:
-        return check(name, tier="core", component="moe", rule=rule)(with_likely_cause(run, cause))
+        return check(name, tier="core", component="moe", rule=rule)(run)
 
     return register
 
@@ -267,8 +265,8 @@ def _failure(message: str, cause: str) -> AssertionError:
 def _changed(reports: list[dict[str, Any]], impl: Implementation) -> str | None:
     """The sharding check's cause when sharding already changed the weights on some rank (every later difference
     follows from that), else None."""
-    changed = any(f["local_problems"] or _off(f["start"], impl)[0] for f in reports)
-    return CAUSES["experts_sharded_over_ep"] if changed else None
+    changed = any(f["local_problems"] or _off(f["start"], tolerance(impl)) for f in reports)
+    return SHARDING_CHANGED if changed else None
 
 
 @moe_check("moe.forward_equals_one_process")
@@ -277,19 +275,11 @@ def forward_equals_one_process(world: WorldLike, impl: Implementation) -> None:
 
     def judge(scenario: Scenario, reports: list[dict[str, Any]]) -> None:
         changed = _changed(reports, impl)
-        for rank, found in enumerate(reports):
-            where = f"{scenario.describe(reports)}, rank {rank}: "
-            _check_close({"output": found["out"]}, impl, where, changed)
-            if found["has_aux"]:
-                _check_close({"aux loss": found["aux"]}, impl, where, changed or AUX)
+        where = f"{scenario.describe(reports)}: "
+        _close_on_every_rank([{"output": f["out"]} for f in reports], impl, where, changed)
+        _close_on_every_rank([{"aux loss": f["aux"]} for f in reports if f["has_aux"]], impl, where, changed)
 
-    _each_scenario(world, impl, judge)
-
-
-def _router_only(placements: dict[str, str], wrong: list[str]) -> str | None:
-    """:data:`ROUTER` when every wrong gradient is a replicated parameter's (plain, or sharded nowhere)."""
-    plain = {n for n, p in placements.items() if p == "plain" or ("Shard" not in p and not p.startswith(LABEL))}
-    return ROUTER if all(w.split(" ")[0] in plain for w in wrong) else None
+    _each_scenario(world, impl, judge, forward_cause)
 
 
 @moe_check("moe.gradients_equal_one_process")
@@ -300,14 +290,12 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
 
     def judge(scenario: Scenario, reports: list[dict[str, Any]]) -> None:
         changed = _changed(reports, impl)
-        for rank, found in enumerate(reports):
-            where = f"{scenario.describe(reports)}, rank {rank}: "
-            _check_close(found["grads"], impl, f"{where}gradients ",
-                         changed or functools.partial(_router_only, found["placements"]))
-            _check_close({"of this rank's tokens": found["tokens_grad"]}, impl, f"{where}the gradient ",
-                         changed or TOKENS)
+        where = f"{scenario.describe(reports)}: "
+        _close_on_every_rank([f["grads"] for f in reports], impl, f"{where}gradients of ", changed)
+        _close_on_every_rank([{"each rank's tokens": f["tokens_grad"]} for f in reports], impl,
+                             f"{where}the gradient of ", changed)
 
-    _each_scenario(world, impl, judge)
+    _each_scenario(world, impl, judge, gradient_cause)
 
 
 @moe_check("moe.trains_like_one_process")
@@ -317,15 +305,16 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
 
     def judge(scenario: Scenario, reports: list[dict[str, Any]]) -> None:
         changed = _changed(reports, impl)
-        for rank, found in enumerate(reports):
-            _check_close(found["steps"], impl, f"{scenario.describe(reports)}, rank {rank}: after steps ", changed)
+        _close_on_every_rank([f["steps"] for f in reports], impl, f"{scenario.describe(reports)}: after steps ",
+                             changed)
         for name, digest in reports[0]["replicated_digests"].items():
             apart = [r for r, f in enumerate(reports) if f["replicated_digests"].get(name) != digest]
             assert not apart, (
                 f"{scenario.describe(reports)}: replicated {name} differs from rank 0's on rank(s) {apart} after steps"
             )
 
-    _each_scenario(world, impl, judge)
+    # Steps follow from the gradients: where the gradients' difference is proven, so is the steps'.
+    _each_scenario(world, impl, judge, gradient_cause)
 
 
 @moe_check("moe.experts_sharded_over_ep")
@@ -337,7 +326,7 @@ def experts_sharded_over_ep(world: WorldLike, impl: Implementation) -> None:
     found = reports[0]
     problems = sorted({problem for f in reports for problem in f["local_problems"]})
     assert not problems, f"sharding changed the layer's weights: the rank-local rows of {'; '.join(problems)}"
-    _check_close(found["start"], impl, "sharding changed the layer's weights: ")
+    _close_on_every_rank([found["start"]], impl, "sharding changed the layer's weights: ")
     wrong = sorted({name for f in reports for name in f["chunks_wrong"]})
     assert not wrong, f"local shards that are not their placement's chunk: {', '.join(wrong)}"
     if world.size > 1:

@@ -40,6 +40,7 @@ from nemo_dist.conformance.moe.target import (
     steer,
     steerable,
 )
+from nemo_dist.conformance.moe.variants import VARIANTS, pair_contributions, variant_forward
 
 __all__ = ["run", "tokens"]
 
@@ -180,6 +181,7 @@ def _sum_plain_grads(layer: nn.Module, local: dict[str, LocalRows]) -> None:
 
 def run(
     impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[tuple[str, int]], muted: Sequence[int] = (),
+    diagnose: bool = False,
 ) -> dict[str, Any]:
     """One example: forward, backward and ``steps`` of the expert-parallel layer and of one process; what differs.
 
@@ -187,7 +189,8 @@ def run(
     that chosen ranks receive no (token, expert) pair. The target's errors are not caught: a rank that raises shows
     its exception (the harness reports every rank's), and the ranks it leaves waiting are reported stuck, not hung.
     ``received_pairs`` is how many pairs one process routes to the experts this rank holds (None where the layer's
-    routing or placement cannot be read).
+    routing or placement cannot be read). With ``diagnose``, ``values`` holds what was compared (CPU tensors) and
+    what one process gives with each known bug built in (:func:`_diagnosis`).
     """
     me = dist.get_rank()
     reference = build_layer(impl, seed).to(_device())
@@ -229,12 +232,76 @@ def run(
         name: _difference(_whole_grad(p, local.get(name)), _grad_or_zeros(reference_params[name]))
         for name, p in layer.named_parameters() if name in reference_params
     }
+    if diagnose:
+        found["values"] = _diagnosis(reference, layer, local, xs, projections, me, (out, aux, mine, want_out, want_aux,
+                                                                                   theirs[me]))
     found["steps"] = _train(layer, reference, xs, projections, steps, me, local)
     found["replicated_digests"] = {
         name: _digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()
         if name not in local and (not isinstance(p, DTensor) or not any(pl.is_shard() for pl in p.placements))
     }
     return found
+
+
+def _cpu(tensor: Any) -> torch.Tensor | None:
+    return None if tensor is None else _full(tensor).detach().double().cpu().clone()
+
+
+def _param_grads(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradient of ``loss`` for each of ``params`` (zeros where it does not reach one), outside ``.grad``."""
+    found = torch.autograd.grad(loss, params, allow_unused=True) if loss.requires_grad else [None] * len(params)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, found, strict=True)]
+
+
+def _diagnosis(
+    reference: nn.Module, layer: nn.Module, local: dict[str, LocalRows], xs: list[torch.Tensor],
+    projections: list[torch.Tensor], me: int, compared: tuple[Any, ...],
+) -> dict[str, Any]:
+    """What the checks compared, whole, on CPU, and what one process gives with each known bug built in.
+
+    ``out``, ``aux``, ``tokens_grad``: ``(got, want)`` for this rank; ``grads``: ``{name: (got, want)}`` whole;
+    ``own_share``: each parameter's gradient from this rank's tokens alone (what a gradient never summed over ranks
+    is); ``pairs``: what each of this rank's (token, expert) pairs adds to one process's output; ``variants``:
+    ``{kind: {"out", "aux", "tokens_grad", "grads"}}`` of :mod:`~nemo_dist.conformance.moe.variants`; these two on
+    the suite's own layer only.
+    """
+    out, aux, mine, want_out, want_aux, want_tokens = compared
+    wanted = dict(reference.named_parameters())
+    names, params = list(wanted), list(wanted.values())
+    device = _device()
+    values: dict[str, Any] = {
+        "out": (_cpu(out), _cpu(want_out)),
+        "aux": None if aux is None or want_aux is None else (_cpu(aux), _cpu(want_aux)),
+        "tokens_grad": (_cpu(_grad_or_zeros(mine)), _cpu(_grad_or_zeros(want_tokens))),
+        "grads": {n: (_cpu(_whole_grad(p, local.get(n))), _cpu(_grad_or_zeros(wanted[n])))
+                  for n, p in layer.named_parameters() if n in wanted},
+    }
+    values["pairs"] = _cpu(pair_contributions(reference, xs[me].to(device)))
+    own_loss = _loss(reference, xs[me], projections[me])[0]
+    values["own_share"] = dict(zip(names, (_cpu(g) for g in _param_grads(own_loss, params)), strict=True))
+    values["variants"] = {}
+    experts = getattr(reference, "num_experts", None)
+    held = _held_experts(layer, local, experts) if isinstance(experts, int) else None
+    every = torch.cat(xs).to(device)
+    for kind in VARIANTS:
+        try:
+            total = torch.zeros((), dtype=torch.float64, device=device)
+            mine_again = xs[me].clone().to(device).requires_grad_(True)
+            for r, x in enumerate(xs):
+                tokens_r = mine_again if r == me else x.to(device)
+                o, a = variant_forward(reference, tokens_r, kind, held or (), every)
+                part = (o * projections[r].to(device)).sum() + AUX_WEIGHT * a
+                total = total + part
+                if r == me:
+                    mine_out, mine_aux = o, a
+            grads = _param_grads(total, [*params, mine_again])
+        except ValueError:  # not the suite's layer: no variant to compare with
+            break
+        values["variants"][kind] = {
+            "out": _cpu(mine_out), "aux": _cpu(mine_aux), "tokens_grad": _cpu(grads[-1]),
+            "grads": dict(zip(names, (_cpu(g) for g in grads[:-1]), strict=True)),
+        }
+    return values
 
 
 def _received_pairs(

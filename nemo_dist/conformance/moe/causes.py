@@ -1,0 +1,247 @@
+"""The likely causes of the moe checks' failures, each named only where a comparison proves it.
+
+A failing scenario is re-run with ``diagnose``
+(:func:`~nemo_dist.conformance.moe.ranks.run`): every rank sends what was
+compared, whole, and what one process gives with each known bug built in
+(:mod:`~nemo_dist.conformance.moe.variants`). A cause is named when the
+expert-parallel layer's values match one of those exactly where they do not
+match the right ones, when a difference is an exact factor of the right
+value, or when every difference lies within a lower dtype's rounding. Where
+nothing matches, no cause is printed: the failure says which tensor is off,
+by how much, on which ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from nemo_dist.conformance.moe.target import dtype_tolerance
+
+__all__ = [
+    "AUX_OVER_ALL_TOKENS",
+    "DISPATCH_DETACHED",
+    "DROPPED_PAIRS",
+    "FACTOR",
+    "OWN_EXPERTS_ONLY",
+    "REDUCED_OVER_SHARDS",
+    "ROUNDING",
+    "UNREDUCED",
+    "WEIGHTS_DETACHED",
+    "WEIGHTS_TWICE",
+    "forward_cause",
+    "gradient_cause",
+    "relative",
+    "rounding_cause",
+]
+
+ROUNDING = (
+    "every difference (at most {largest:.3g}) is within {dtype}'s rounding ({allowed:.3g}): the layer computes, "
+    "gathers or adds up in {dtype} somewhere while its parameters are {declared}; if it does so by design, declare "
+    "--moe-compute-dtype {dtype} (under pytest --conformance-moe-compute-dtype {dtype})"
+)
+FACTOR = "{what} exactly {factor:.6g} times one process's on every rank{implied}"
+WEIGHTS_TWICE = (
+    "the routing weights are applied twice: every rank's output equals one process's with each expert's output "
+    "weighted by the square of its routing weight"
+)
+AUX_OVER_ALL_TOKENS = (
+    "the load-balance loss is taken over every rank's tokens: each rank's auxiliary loss equals one process's over "
+    "the whole batch, where one process on this rank's tokens takes it over those"
+)
+WEIGHTS_DETACHED = (
+    "the routing weights reach the output outside autograd: every wrong gradient equals one process's with the "
+    "routing weights detached (the router learns only from the auxiliary loss)"
+)
+UNREDUCED = (
+    "{names} never summed over the ranks: each rank's gradient is its own tokens' share alone (a Partial gradient "
+    "marked Replicate, or a replicated parameter left out of the data-parallel reduction)"
+)
+REDUCED_OVER_SHARDS = (
+    "{names} summed over ranks that hold different experts: each rank's shard of the gradient is the sum of every "
+    "rank's shard (an all-reduce over the expert-parallel group, as if its ranks were data-parallel replicas)"
+)
+DISPATCH_DETACHED = (
+    "the tokens reach the experts outside autograd: each rank's tokens' gradient equals one process's with the "
+    "dispatched tokens detached (only the router's part), while every parameter's gradient is right"
+)
+OWN_EXPERTS_ONLY = (
+    "each rank's tokens get the experts' part of their gradient only from the experts that rank holds: the gather "
+    "that brings tokens to the experts keeps this rank's slice of its own gradient (full_tensor()'s backward, "
+    "Replicate to Shard) where every rank's gradient of those rows must be summed first (a reduce-scatter)"
+)
+
+DROPPED_PAIRS = (
+    "(token, expert) pairs dropped: every token's output is one process's sum over a subset of its pairs, and "
+    "{count} pair(s) are missing (ranks {ranks}; a capacity limit, or a dispatch that loses them)"
+)
+
+#: Lower dtypes a float64 difference may be the rounding of, most precise first, and how many roundings of each
+#: name it: float32's are six orders below any bug measured here; bfloat16's and float16's unit roundoffs are
+#: large, so only a few of them are taken as evidence.
+_LOWER = (("float32", None), ("bfloat16", 4), ("float16", 4))
+
+#: Variant (of :mod:`~nemo_dist.conformance.moe.variants`) -> the cause it proves where it explains every compared
+#: tensor of a check.
+_VARIANT_CAUSES = {
+    "weights_twice": WEIGHTS_TWICE,
+    "weights_detached": WEIGHTS_DETACHED,
+    "dispatch_detached": DISPATCH_DETACHED,
+    "own_experts_only": OWN_EXPERTS_ONLY,
+    "aux_over_all_tokens": AUX_OVER_ALL_TOKENS,
+}
+
+Compared = list[tuple[str, torch.Tensor | None, torch.Tensor | None]]
+
+
+def relative(got: torch.Tensor | None, want: torch.Tensor | None) -> float:
+    """max |got - want| relative to max(1, max |want|); inf where either is missing or the shapes differ."""
+    if got is None or want is None or got.shape != want.shape:
+        return float("inf")
+    if not want.numel():
+        return 0.0
+    return float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
+
+
+def rounding_cause(largest: float, allowed: float, declared: str = "float64") -> str:
+    """:data:`ROUNDING` for the most precise lower dtype whose rounding holds ``largest`` (a difference above the
+    ``allowed`` tolerance), or "" where none does or the tolerance already allows that dtype."""
+    from nemo_dist.conformance.ddp.expectations import unit_roundoff
+
+    for dtype, roundings in _LOWER:
+        bound = dtype_tolerance(dtype) if roundings is None else roundings * unit_roundoff(getattr(torch, dtype))
+        if allowed < bound and largest <= bound:
+            return ROUNDING.format(largest=largest, allowed=bound, dtype=dtype, declared=declared)
+    return ""
+
+
+def _compared(values: dict[str, Any], kind: str) -> Compared:
+    """What check ``kind`` ("forward" or "gradients") compares on one rank: ``(name, got, want)``."""
+    if kind == "forward":
+        found: Compared = [("output", *values["out"])]
+        return found + ([("aux loss", *values["aux"])] if values["aux"] is not None else [])
+    return [*((n, g, w) for n, (g, w) in values["grads"].items()), ("tokens", *values["tokens_grad"])]
+
+
+def _variant_value(variant: dict[str, Any], name: str) -> torch.Tensor | None:
+    """The variant's value of compared tensor ``name``."""
+    if name == "output":
+        return variant["out"]
+    if name == "aux loss":
+        return variant["aux"]
+    if name == "tokens":
+        return variant["tokens_grad"]
+    found: torch.Tensor | None = variant["grads"].get(name)
+    return found
+
+
+def _explained(values: Sequence[dict[str, Any]], kind: str, allowed: float) -> str:
+    """The cause of the first variant that every rank's compared tensors equal (while some differ from one
+    process's), or ""."""
+    for variant, cause in _VARIANT_CAUSES.items():
+        explains, wrong = True, False
+        for v in values:
+            built = v.get("variants", {}).get(variant)
+            if built is None:
+                return ""
+            for name, got, want in _compared(v, kind):
+                explains = explains and relative(got, _variant_value(built, name)) <= allowed
+                wrong = wrong or relative(got, want) > allowed
+        if explains and wrong:
+            return cause
+    return ""
+
+
+def _factor(pairs: Sequence[tuple[torch.Tensor | None, torch.Tensor | None]], allowed: float) -> float | None:
+    """The one factor f with every ``got`` equal to ``f * want`` within ``allowed`` (f not 1), else None."""
+    if not pairs or any(g is None or w is None or g.shape != w.shape for g, w in pairs):
+        return None
+    wanted = torch.cat([w.flatten() for _, w in pairs])  # type: ignore[union-attr]
+    got = torch.cat([g.flatten() for g, _ in pairs])  # type: ignore[union-attr]
+    norm = float((wanted * wanted).sum())
+    if not norm:
+        return None
+    factor = float((got * wanted).sum()) / norm
+    if abs(factor - 1) <= 1e-6 or abs(factor) <= 1e-9:
+        return None
+    return factor if all(relative(g, None if w is None else factor * w) <= allowed for g, w in pairs) else None
+
+
+def _implied(factor: float, size: int) -> str:
+    """The divisor an exact factor implies in a world of ``size`` ranks (the expert-parallel size), if any."""
+    if size > 1 and abs(factor - size) <= 1e-6 * size:
+        return f" (x W, W = {size}, the expert-parallel size: summed over the ranks where one process counts once)"
+    if size > 1 and abs(factor - 1 / size) <= 1e-6 / size:
+        return f" (/ W, W = {size}, the expert-parallel size: divided by the ranks once more than one process)"
+    return ""
+
+
+def _scaled(values: Sequence[dict[str, Any]], kind: str, allowed: float, size: int) -> str:
+    """:data:`FACTOR` where every wrong compared tensor is one exact factor of one process's on every rank."""
+    wrong = sorted({n for v in values for n, g, w in _compared(v, kind) if relative(g, w) > allowed})
+    pairs = [(g, w) for v in values for n, g, w in _compared(v, kind) if n in wrong]
+    factor = _factor(pairs, allowed)
+    if factor is None:
+        return ""
+    what = ("the gradients of " if kind == "gradients" else "the ") + ", ".join(wrong) + (
+        " are" if len(wrong) > 1 or kind == "gradients" else " is")
+    return FACTOR.format(what=what, factor=factor, implied=_implied(factor, size))
+
+
+def _rounded(values: Sequence[dict[str, Any]], kind: str, allowed: float) -> str:
+    largest = max((relative(g, w) for v in values for _, g, w in _compared(v, kind)), default=0.0)
+    return rounding_cause(largest, allowed) if largest > allowed else ""
+
+
+def _dropped_pairs(values: Sequence[dict[str, Any]], allowed: float) -> str:
+    """:data:`DROPPED_PAIRS` where every token's output is one process's sum over a subset of its (token, expert)
+    pairs' contributions and some subset is not whole (the suite's own layer only)."""
+    missing, ranks = 0, list[int]()
+    for rank, v in enumerate(values):
+        contributions, (got, _want) = v.get("pairs"), v["out"]
+        if contributions is None or got is None or got.shape[0] != contributions.shape[0]:
+            return ""
+        k = contributions.shape[1]
+        subsets = [[bool(mask >> j & 1) for j in range(k)] for mask in range(2**k)]
+        for token in range(got.shape[0]):
+            sums = [(sum(keep), contributions[token][torch.tensor(keep)].sum(dim=0)) for keep in subsets]
+            kept = [n for n, total in sums if relative(got[token], total) <= allowed]
+            if not kept:
+                return ""
+            if max(kept) < k:
+                missing += k - max(kept)
+                ranks = ranks if rank in ranks else [*ranks, rank]
+    return DROPPED_PAIRS.format(count=missing, ranks=", ".join(map(str, ranks))) if missing else ""
+
+
+def forward_cause(values: Sequence[dict[str, Any]], allowed: float, size: int) -> str:
+    """The proven cause of wrong outputs or auxiliary losses across the ranks' diagnosis ``values`` ("" if none)."""
+    return (_explained(values, "forward", allowed) or _dropped_pairs(values, allowed)
+            or _scaled(values, "forward", allowed, size) or _rounded(values, "forward", allowed))
+
+
+def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, size: int) -> str:
+    """The proven cause of wrong parameter or token gradients across the ranks' diagnosis ``values`` ("" if none).
+
+    Also the cause of wrong parameters after steps: a step follows from its gradients, so where they are right
+    nothing is proven here."""
+    found = _explained(values, "gradients", allowed)
+    if found:
+        return found
+    first = values[0]
+    wrong = sorted({n for v in values for n, (g, w) in v["grads"].items() if relative(g, w) > allowed})
+    if wrong and all(relative(v["grads"][n][0], v["own_share"].get(n)) <= allowed for v in values for n in wrong):
+        return UNREDUCED.format(names=", ".join(wrong))
+    if wrong and all(_summed_over_shards(first["grads"][n][0], first["grads"][n][1], size, allowed) for n in wrong):
+        return REDUCED_OVER_SHARDS.format(names=", ".join(wrong))
+    return _scaled(values, "gradients", allowed, size) or _rounded(values, "gradients", allowed)
+
+
+def _summed_over_shards(got: torch.Tensor | None, want: torch.Tensor | None, size: int, allowed: float) -> bool:
+    """Whether each of ``size`` equal dim-0 chunks of ``got`` is the sum of every chunk of ``want``."""
+    if got is None or want is None or got.shape != want.shape or size < 2 or got.shape[0] % size:
+        return False
+    total = torch.stack(torch.chunk(want, size)).sum(dim=0)
+    return all(relative(chunk, total) <= allowed for chunk in torch.chunk(got, size))
