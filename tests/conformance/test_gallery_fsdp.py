@@ -117,6 +117,13 @@ GALLERY: dict[str, Row] = {
     "divided_twice": Row(
         _fn("divided_twice:apply_fsdp", ddp_start="identical"), exit_code=1, failing=TRAINING, cause=CAUSES["over_w"]
     ),
+    "divide_factor_stated": Row(_fn("divide_factor_stated:apply_fsdp", ddp_start="identical")),
+    # torch 2.13 divides float64 gradients by the factor twice where a shard group has one rank: named as torch's.
+    "divide_factor_stated_hsdp_2x1": Row(
+        _fn("divide_factor_stated:apply_fsdp", ddp_start="identical", ddp_mesh="2x1"), (2,), exit_code=1,
+        failing=TRAINING, cause="torch's FSDP2 divides float64 gradients by set_gradient_divide_factor's factor (2) "
+        "twice where a shard group has one rank",
+    ),
     "unsharded_root": Row(
         _fn("unsharded_root:apply_fsdp", ddp_start="identical"), exit_code=1,
         failing=TRAINING | {"wrapper.ranks_stay_identical"},

@@ -42,10 +42,11 @@ from nemo_dist.conformance.ddp.expectations import (
     assert_close_rounded,
     computed_in,
 )
+from nemo_dist.conformance.deadlines import StepAborted
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import DDPWrapper, Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.conformance.wrapper import diagnosis, nested, ranks
+from nemo_dist.conformance.wrapper import diagnosis, nested, ranks, torch_faults
 from nemo_dist.conformance.wrapper.exact import exact_training
 
 __all__ = [
@@ -72,6 +73,21 @@ def _wrapper(impl: Implementation) -> DDPWrapper:
     if impl.ddp_wrapper is None:
         raise NotApplicable("checks a --ddp-fn wrapper; none was named")
     return impl.ddp_wrapper
+
+
+def _torch_fault(world: WorldLike, results: Sequence[dict[str, Any]], wrapper: DDPWrapper, key: str) -> str:
+    """torch's own fault where torch alone, re-run, shows it (:mod:`.torch_faults`): the first gradients the ranks
+    report under ``key`` (a list per step, or one) against their ``expected`` ones; "" where none is shown."""
+
+    def first(value: Any) -> Any:
+        return value[0] if isinstance(value, list) and value else value
+
+    observed = [first(r.get(key)) for r in results]
+    expected = [first(r.get("expected")) for r in results]
+    try:
+        return torch_faults.double_divide(world.run, results, wrapper.mesh, observed, expected)
+    except (Exception, StepAborted):  # a probe that breaks proves nothing: the wrapper's own diagnosis stands
+        return ""
 
 
 @contextmanager
@@ -128,7 +144,8 @@ def _assert_trains(world: WorldLike, impl: Implementation, kind: str, seed: int,
     results = world.run(ranks.train, impl, seed, kind, global_batch, STEPS)
     exact = _exact_params(impl, kind, seed, global_batch, world.size, results[0]["dtype"])
     declared = f"under --ddp-reduction {wrapper.reduction}, {kind} data, {rows} row(s) per rank"
-    with _explained(lambda: diagnosis.training_cause(results, wrapper)):
+    with _explained(lambda: _torch_fault(world, results, wrapper, "grads")
+                    or diagnosis.training_cause(results, wrapper)):
         for rank, got in enumerate(results):
             for step, params in enumerate(got["params"], start=1):
                 what = f"rank {rank}, parameters after step {step} vs one process on the full batch ({declared})"
@@ -213,7 +230,8 @@ def _assert_accumulates(world: WorldLike, impl: Implementation, kind: str, seed:
     if results[0]["offered"] is None:
         raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
     exact = kind == "integers" and _power_of_two(world.size) and _power_of_two(rows)
-    with _explained(lambda: diagnosis.no_sync_cause(results, wrapper)):
+    with _explained(lambda: _torch_fault(world, results, wrapper, "grad")
+                    or diagnosis.no_sync_cause(results, wrapper)):
         for rank, got in enumerate(results):
             what = (
                 f"rank {rank}: gradient after 2 micro-batches under {got['offered']} and 1 synced vs one big "

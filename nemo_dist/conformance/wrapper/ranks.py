@@ -44,6 +44,7 @@ from nemo_dist.conformance.ddp.wrapped import (
     wrap,
 )
 from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.wrapper.torch_faults import divide_factor_state
 
 __all__ = [
     "IN_FEATURES",
@@ -203,6 +204,7 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
     found: dict[str, Any] = {
         "own": _as(own, dtype), "dtype": str(dtype), "params": [], "grads": [], "locals": [], "expected": [],
         "layout": [(name, p.numel(), is_sharded([p])) for name, p in model.named_parameters()],
+        "divide_factors": divide_factor_state(wrapped.model),
     }
     for step in range(steps):
         out = wrapped.trained(x)
@@ -274,7 +276,7 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
                 backward(wrapped, _loss(out))
     found: dict[str, Any] = {
         "offered": _context_name(context), "dtype": str(dtype), "unsynced_reductions": unsynced, "reduced": synced,
-        "output_dtype": str(out.dtype).removeprefix("torch."),
+        "output_dtype": str(out.dtype).removeprefix("torch."), "divide_factors": divide_factor_state(model),
     }
     found["grad"] = _flat(gradient_copies(wrapped))
     clear(wrapped)
