@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _side_by_side import alternate, baseline_tree, ratio_line
 
 
 def console_script(tree: Path) -> tuple[str, str]:
@@ -83,23 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs of each tree (default 3)")
     p.add_argument("args", nargs="*", help="arguments of the conformance command (after --)")
     opts = p.parse_args(argv)
-    times: dict[str, list[float]] = {"baseline": [], "this": []}
-    outputs: dict[str, str] = {}
-    ok = True
-    with tempfile.TemporaryDirectory(prefix="nemo_dist_baseline_") as tmp:
-        baseline = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(baseline), opts.baseline], cwd=ROOT, check=True)
-        try:
-            for i in range(opts.runs):
-                for name, tree in (("baseline", baseline), ("this", ROOT)):
-                    seconds, code, outputs[name] = timed_run(tree, opts.args)
-                    times[name].append(seconds)
-                    ok &= code == 0
-                    print(f"run {i + 1} {name:8}: {seconds:6.1f} s, exit {code}", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=ROOT, check=False)
-    base, this = statistics.median(times["baseline"]), statistics.median(times["this"])
-    print(f"median baseline {base:.1f} s, this {this:.1f} s, ratio this/baseline {this / base:.2f}")
+    with baseline_tree(opts.baseline) as baseline:
+        times, outputs, ok = alternate(baseline, opts.runs, lambda tree: timed_run(tree, opts.args))
+    print(ratio_line(times))
     print("\n".join(compare_rows(table_rows(outputs["baseline"]), table_rows(outputs["this"]))))
     return 0 if ok else 1
 
