@@ -99,9 +99,8 @@ def _draw_example(data: st.DataObject, sizes: Sequence[int], uneven: bool, symme
 
 
 def edge_matrices(size: int, symmetric: bool) -> list[Matrix]:
-    """The split matrices every world of 2+ ranks runs before anything drawn: the last rank receives no row, rank 0
-    sends none and, unless ``symmetric``, every row goes to rank 0; symmetric, the last rank neither sends nor
-    receives."""
+    """The split matrices every world of 2+ ranks runs before anything drawn: rank 0 sends no row while the last
+    rank receives none, then (3+ ranks) every row to rank 0; symmetric, the last rank neither sends nor receives."""
     if size < 2:
         return []
 
@@ -110,7 +109,8 @@ def edge_matrices(size: int, symmetric: bool) -> list[Matrix]:
 
     if symmetric:
         return [where(lambda i, j: size - 1 not in (i, j))]
-    return [where(lambda _i, j: j != size - 1), where(lambda i, _j: i != 0), where(lambda _i, j: j == 0)]
+    found = [where(lambda i, j: i != 0 and j != size - 1)]
+    return found + ([where(lambda _i, j: j == 0)] if size > 2 else [])
 
 
 def _edge_examples(sizes: Sequence[int], uneven: bool, symmetric: bool) -> list[dict[str, Any]]:
@@ -384,14 +384,10 @@ def dispatch_combine_round_trips(world: WorldLike, impl: Implementation) -> None
 
 def edge_dispatches(size: int) -> list[tuple[list[int], list[list[int]]]]:
     """The dispatches every world of 2+ ranks runs before anything drawn: ``(tokens per rank, destinations)`` where
-    the last rank receives no token, where rank 0 has none (so sends none), and where every token goes to rank 0."""
+    rank 0 has no token (so sends none) while no token goes to the last rank, then (3+ ranks) every token to rank
+    0."""
     if size < 2:
         return []
-    counts = [2] * size
-    avoid_last = [[(r + t) % (size - 1) for t in range(2)] for r in range(size)]
-    rank_0_empty = [0, *counts[1:]]
-    return [
-        (counts, avoid_last),
-        (rank_0_empty, [[(r + t) % size for t in range(n)] for r, n in enumerate(rank_0_empty)]),
-        (counts, [[0, 0] for _ in range(size)]),
-    ]
+    counts = [0, *([2] * (size - 1))]
+    found = [(counts, [[(r + t) % (size - 1) for t in range(n)] for r, n in enumerate(counts)])]
+    return found + ([([2] * size, [[0, 0] for _ in range(size)])] if size > 2 else [])
