@@ -150,12 +150,19 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
          "--moe-compute-dtype expects one of float64, float32, bfloat16, float16; got 'fp32'"),
         (["--moe-fn", "tests.forks.no_such_fork:apply_ep"], "--moe-fn: module 'tests.forks.no_such_fork' does not"),
         (["--a2a-kwarg", "group=@group"], "--a2a-kwarg applies to a --a2a-fn callable only"),
+        (["--moe-fn", "nemo_dist.distributed.expert_parallel:parallelize_experts", "--moe-reduction", "mean"],
+         "--moe-reduction applies under --moe-mesh edp,ep, where the target makes its own reductions"),
+        (["--moe-fn", "tests.forks.gallery_moe_composed:apply_ep", "--moe-mesh", "edp,ep", "--moe-loss-scale", "dp"],
+         "--moe-loss-scale expects a number, @world, @edp or @ep; got 'dp'"),
+        (["--moe-fn", "tests.forks.gallery_moe_composed:apply_ep", "--moe-mesh", "edp,dp"],
+         "--moe-mesh expects one of ep, edp,ep"),
     ],
     ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
          "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
          "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline", "seed",
          "check-unknown", "check-entry-point", "hypothesis-db-empty", "hypothesis-db-a-file",
-         "hypothesis-db-under-a-file", "moe-compute-dtype", "moe-fn-unimportable", "a2a-kwarg-alone"],
+         "hypothesis-db-under-a-file", "moe-compute-dtype", "moe-fn-unimportable", "a2a-kwarg-alone",
+         "moe-reduction-without-composition", "moe-loss-scale", "moe-mesh"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

@@ -9,6 +9,7 @@ checks it lists, naming its cause.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -52,6 +53,9 @@ def _cause(text: str) -> str:
     return text.split(":")[0]
 
 
+#: A composition averaged over the data-parallel ranks.
+COMPOSED_MEAN = {"moe_mesh": "edp,ep", "moe_reduction": "mean"}
+
 GALLERY: dict[str, Row] = {
     "bundled": Row("nemo_dist.distributed.expert_parallel:parallelize_experts"),
     "torchtitan": Row(G + "torchtitan:apply_ep"),
@@ -69,7 +73,7 @@ GALLERY: dict[str, Row] = {
     ),
     "expert_grads_averaged": Row(
         G + "expert_grads_averaged:apply_ep", frozenset({GRADIENTS, TRAINS}),
-        "the gradients of experts.w1, experts.w2 are exactly 0.5 times one process's on every rank (/ W, W = 2",
+        "the gradients of experts.w1, experts.w2 are exactly 0.5 times one process's on every rank (/ W = ep = 2",
     ),
     # Nothing proves where the wrong owner's rows go: the failures say what differs and name no cause.
     "owner_round_robin": Row(
@@ -90,6 +94,32 @@ GALLERY: dict[str, Row] = {
     "empty_rank_raises": Row(
         G + "empty_rank_raises:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
         uncaused=frozenset({FORWARD, GRADIENTS, TRAINS}), shows="rank 1 raised IndexError",
+    ),
+    # Compositions (--moe-mesh edp,ep): every layout of the world, edp 2 x ep 1 and edp 1 x ep 2 at 2 ranks.
+    "composed_mean": Row(G + "composed:apply_ep", options=COMPOSED_MEAN),
+    "composed_summed": Row(G + "composed:apply_ep_summed", options={"moe_mesh": "edp,ep"}),
+    "composed_experts_averaged_over_replicas": Row(
+        G + "composed_bugs:experts_averaged_over_replicas", frozenset({GRADIENTS, TRAINS}),
+        "the gradients of experts.w1, experts.w2 are exactly 2 times one process's on every rank (x W = ep = 2",
+        options=COMPOSED_MEAN,
+    ),
+    "composed_experts_divided_by_ep": Row(
+        G + "composed_bugs:experts_divided_by_ep", frozenset({GRADIENTS, TRAINS}),
+        "the gradients of experts.w1, experts.w2 are exactly 2 times one process's on every rank (x W = edp = 2",
+        options=COMPOSED_MEAN,
+    ),
+    "composed_experts_divided_by_world_times_ep": Row(
+        G + "composed_bugs:experts_divided_by_world_times_ep", frozenset({GRADIENTS, TRAINS}),
+        "the gradients of experts.w1, experts.w2 are exactly 0.5 times one process's on every rank (/ W = ep = 2",
+        options=COMPOSED_MEAN,
+    ),
+    "composed_experts_never_reduced": Row(
+        G + "composed_bugs:experts_never_reduced", frozenset({GRADIENTS, TRAINS}),
+        causes.UNREDUCED.format(names="experts.w1, experts.w2").split(":")[0], options=COMPOSED_MEAN,
+    ),
+    "composed_dense_reduced_over_ep": Row(
+        G + "composed_bugs:dense_reduced_over_ep", frozenset({GRADIENTS, TRAINS}),
+        causes.UNREDUCED.format(names="router.bias, router.weight").split(":")[0], options=COMPOSED_MEAN,
     ),
     "megatron_local": Row(G + "megatron_local:apply_ep"),
     # Before the suite read a shard without a gradient as zeros: a false FAIL where a rank's experts got no pair.
@@ -177,16 +207,19 @@ def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
             assert not verdict.cause, table
         else:
             assert row.cause in verdict.cause, table
-    assert f"moe placements in a world of 2: {row.first_parameter}" in table, table
+    placed = rf"moe placements in a world of 2( \(edp \d x ep \d\))?: {re.escape(row.first_parameter)}"
+    assert re.search(placed, table), table
 
 
 @pytest.mark.xdist_group(name="moe_gallery_4")
-def test_experts_sharded_on_a_sub_mesh_conform_at_dp_2_x_ep_2(world_factory: WorldFactory) -> None:
-    """Experts ``Shard(0)`` over the ep dim of a (dp 2, ep 2) mesh, reduced over dp by hook, conform in a world of
-    4: each shard is judged by the rank's coordinate on its own mesh, not its global rank."""
-    impl, components = resolve_implementation(suite_options={"moe_fn": G + "expert_data_parallel:apply_ep"})
+def test_a_composition_conforms_in_every_layout_of_four_ranks(world_factory: WorldFactory) -> None:
+    """The mean composition (experts ``Shard(0)`` on the ep dim of the suite's ``(edp, ep)`` mesh) conforms in a
+    world of 4 in each layout, edp 4 x ep 1, 2 x 2 and 1 x 4: each shard is judged by the rank's coordinate on its
+    own sub-mesh, not its global rank, and replicas over edp are compared bit for bit."""
+    impl, components = resolve_implementation(suite_options={"moe_fn": G + "composed:apply_ep", **COMPOSED_MEAN})
     checks = select_checks(load_checks().values(), impl, "all", None, components)
     report = run_checks(checks, impl, (4,), worlds=world_factory, components=components)
     table = format_report(report)
     assert [v.outcome for v in report.verdicts] == ["pass"] * 4, table
-    assert "experts.w1 Shard(0)" in table, table
+    for layout in ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"):
+        assert f"moe placements in a world of 4 ({layout}): router.weight plain" in table, table

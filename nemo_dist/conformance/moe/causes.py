@@ -137,9 +137,10 @@ def _variant_value(variant: dict[str, Any], name: str) -> torch.Tensor | None:
     return found
 
 
-def _explained(values: Sequence[dict[str, Any]], kind: str, allowed: float) -> str:
-    """The cause of the first variant that every rank's compared tensors equal (while some differ from one
-    process's), or ""."""
+def _explained(values: Sequence[dict[str, Any]], kind: str, allowed: float) -> str | None:
+    """The cause of the one variant that every rank's compared tensors equal (while some differ from one
+    process's); "" where none does, None where several do (this scenario cannot tell them apart)."""
+    found = []
     for variant, cause in _VARIANT_CAUSES.items():
         explains, wrong = True, False
         for v in values:
@@ -150,8 +151,8 @@ def _explained(values: Sequence[dict[str, Any]], kind: str, allowed: float) -> s
                 explains = explains and relative(got, _variant_value(built, name)) <= allowed
                 wrong = wrong or relative(got, want) > allowed
         if explains and wrong:
-            return cause
-    return ""
+            found.append(cause)
+    return found[0] if len(found) == 1 else (None if found else "")
 
 
 def _factor(pairs: Sequence[tuple[torch.Tensor | None, torch.Tensor | None]], allowed: float) -> float | None:
@@ -169,16 +170,23 @@ def _factor(pairs: Sequence[tuple[torch.Tensor | None, torch.Tensor | None]], al
     return factor if all(relative(g, None if w is None else factor * w) <= allowed for g, w in pairs) else None
 
 
-def _implied(factor: float, size: int) -> str:
-    """The divisor an exact factor implies in a world of ``size`` ranks (the expert-parallel size), if any."""
-    if size > 1 and abs(factor - size) <= 1e-6 * size:
-        return f" (x W, W = {size}, the expert-parallel size: summed over the ranks where one process counts once)"
-    if size > 1 and abs(factor - 1 / size) <= 1e-6 / size:
-        return f" (/ W, W = {size}, the expert-parallel size: divided by the ranks once more than one process)"
+#: What each named size is, for a factor's words.
+_SIZE_WORDS = {"W": "the world, the data-parallel size", "ep": "the expert-parallel size",
+               "edp": "the expert-data-parallel size, each expert's replicas"}
+
+
+def _implied(factor: float, sizes: dict[str, int]) -> str:
+    """The sizes an exact factor implies (``x ep``, ``/ W``...), where it is one of them or its inverse."""
+    for inverse, sign, what in ((False, "x", "summed where one process counts once"),
+                                (True, "/", "divided once more than one process")):
+        names = [n for n, v in sizes.items() if v > 1 and abs((1 / factor if inverse else factor) - v) <= 1e-6 * v]
+        if names:
+            named = " = ".join(names) + f" = {sizes[names[0]]}"
+            return f" ({sign} {named}: {'; '.join(_SIZE_WORDS[n] for n in names)}; {what})"
     return ""
 
 
-def _scaled(values: Sequence[dict[str, Any]], kind: str, allowed: float, size: int) -> str:
+def _scaled(values: Sequence[dict[str, Any]], kind: str, allowed: float, sizes: dict[str, int]) -> str:
     """:data:`FACTOR` where every wrong compared tensor is one exact factor of one process's on every rank."""
     wrong = sorted({n for v in values for n, g, w in _compared(v, kind) if relative(g, w) > allowed})
     pairs = [(g, w) for v in values for n, g, w in _compared(v, kind) if n in wrong]
@@ -187,7 +195,7 @@ def _scaled(values: Sequence[dict[str, Any]], kind: str, allowed: float, size: i
         return ""
     what = ("the gradients of " if kind == "gradients" else "the ") + ", ".join(wrong) + (
         " are" if len(wrong) > 1 or kind == "gradients" else " is")
-    return FACTOR.format(what=what, factor=factor, implied=_implied(factor, size))
+    return FACTOR.format(what=what, factor=factor, implied=_implied(factor, sizes))
 
 
 def _rounded(values: Sequence[dict[str, Any]], kind: str, allowed: float) -> str:
@@ -216,27 +224,33 @@ def _dropped_pairs(values: Sequence[dict[str, Any]], allowed: float) -> str:
     return DROPPED_PAIRS.format(count=missing, ranks=", ".join(map(str, ranks))) if missing else ""
 
 
-def forward_cause(values: Sequence[dict[str, Any]], allowed: float, size: int) -> str:
-    """The proven cause of wrong outputs or auxiliary losses across the ranks' diagnosis ``values`` ("" if none)."""
-    return (_explained(values, "forward", allowed) or _dropped_pairs(values, allowed)
-            or _scaled(values, "forward", allowed, size) or _rounded(values, "forward", allowed))
+def forward_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict[str, int]) -> str | None:
+    """The proven cause of wrong outputs or auxiliary losses across the ranks' diagnosis ``values`` ("" if none,
+    None where the scenario fits several)."""
+    explained = _explained(values, "forward", allowed)
+    if explained is None:
+        return None
+    return (explained or _dropped_pairs(values, allowed) or _scaled(values, "forward", allowed, sizes)
+            or _rounded(values, "forward", allowed))
 
 
-def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, size: int) -> str:
-    """The proven cause of wrong parameter or token gradients across the ranks' diagnosis ``values`` ("" if none).
+def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict[str, int]) -> str | None:
+    """The proven cause of wrong parameter or token gradients across the ranks' diagnosis ``values`` ("" if none,
+    None where the scenario fits several).
 
     Also the cause of wrong parameters after steps: a step follows from its gradients, so where they are right
     nothing is proven here."""
     found = _explained(values, "gradients", allowed)
-    if found:
+    if found is None or found:
         return found
     first = values[0]
     wrong = sorted({n for v in values for n, (g, w) in v["grads"].items() if relative(g, w) > allowed})
     if wrong and all(relative(v["grads"][n][0], v["own_share"].get(n)) <= allowed for v in values for n in wrong):
         return UNREDUCED.format(names=", ".join(wrong))
-    if wrong and all(_summed_over_shards(first["grads"][n][0], first["grads"][n][1], size, allowed) for n in wrong):
+    shards = sizes.get("ep", sizes["W"])
+    if wrong and all(_summed_over_shards(first["grads"][n][0], first["grads"][n][1], shards, allowed) for n in wrong):
         return REDUCED_OVER_SHARDS.format(names=", ".join(wrong))
-    return _scaled(values, "gradients", allowed, size) or _rounded(values, "gradients", allowed)
+    return _scaled(values, "gradients", allowed, sizes) or _rounded(values, "gradients", allowed)
 
 
 def _summed_over_shards(got: torch.Tensor | None, want: torch.Tensor | None, size: int, allowed: float) -> bool:

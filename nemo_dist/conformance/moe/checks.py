@@ -1,24 +1,24 @@
 """Conformance checks of expert parallelism: a mixture-of-experts layer under ``--moe-fn`` against one process.
 
 Each check runs scenarios through :func:`~nemo_dist.conformance.moe.ranks.run`
-(:class:`Scenario`: tokens per rank, and experts the router is steered away
-from). Every world of 2 or more runs, before anything drawn, the edge cases
-that hang or break real expert parallelism: a rank with no tokens, which
+(:class:`Scenario`: tokens per rank, experts the router is steered away
+from, a composition's layout). Every world of 2 or more runs, in each
+layout and before anything drawn, the edge cases that hang or break real
+expert parallelism (:func:`edge_scenarios`): a rank with no tokens, which
 sends nothing; every token on one rank; where the layer's routing can be
-steered (the suite's own layer), a rank whose experts receive no (token,
-expert) pair, and every pair sent to one rank. Hypothesis then draws more
-(token counts 0-6 a rank, steered expert sets) and shrinks a failure; the
-checks share each scenario's run. Tolerances: the suite's layer is float64
-throughout, and an expert-parallel layer adds the same products in another
-order than one process, so outputs, losses, gradients and parameters after
-steps are held to 1e-10 relative to ``max(1, max |expected|)``, or to the
-rounding of a declared ``--moe-compute-dtype``
-(:func:`~nemo_dist.conformance.moe.target.tolerance`); replicated parameters
-after steps are compared by their bytes across ranks. A float64 run whose
-every difference is within float32's rounding names that as its likely
-cause, not a bug of the dispatch.
+steered (the suite's own layer), a rank with tokens whose experts receive
+no (token, expert) pair, and every pair sent to one rank. Hypothesis then
+draws more (token counts 0-6 a rank, steered expert sets, layouts) and
+shrinks a failure; the checks share each scenario's run. Tolerances: the
+suite's layer is float64 throughout, and an expert-parallel layer adds the
+same products in another order than one process, so outputs, losses,
+gradients and parameters after steps are held to 1e-10 relative to
+``max(1, max |expected|)``, or to the rounding of a declared
+``--moe-compute-dtype`` (:func:`~nemo_dist.conformance.moe.target.tolerance`);
+replicated parameters and replicated shards after steps are compared by
+their bytes across ranks. A failure names a likely cause only where its
+scenario's re-run proves one (:mod:`~nemo_dist.conformance.moe.causes`).
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -33,7 +33,7 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
 from nemo_dist.conformance.moe.causes import forward_cause, gradient_cause
-from nemo_dist.conformance.moe.target import tolerance
+from nemo_dist.conformance.moe.target import Layout, build_layer, layouts, tolerance
 from nemo_dist.conformance.registry import WorldLike, WorldRule, check
 
 __all__ = [
@@ -48,9 +48,11 @@ __all__ = [
     "trains_like_one_process",
 ]
 
-#: Tokens per rank of the fixed scenarios (the first W entries in a world of W).
-NO_TOKENS_ON_RANK_1 = (5, 0, 3, 1)
-STEERED_COUNTS = ((2, 6, 1, 4), (3, 2, 4, 1))
+#: Tokens per rank of the first fixed scenario (the first W entries in a world of W): rank 0 has none.
+NO_TOKENS_ON_RANK_0 = (0, 5, 3, 1)
+#: Tokens per rank of the scenario a diagnosis falls back on, routed freely: every rank's go to its own experts
+#: and to others'.
+MIXED = (4, 3, 5, 2)
 STEPS = (("sgd", 1), ("adam", 1))
 #: Experts of the suite's layer: a world whose size does not divide them cannot hold whole experts per rank.
 EXPERTS = 12
@@ -69,18 +71,22 @@ SHARDING_CHANGED = (
 
 @dataclass(frozen=True)
 class Scenario:
-    """One run of the layer: ``counts[r]`` tokens on rank r, the router steered off the ``muted`` experts."""
+    """One run of the layer: ``counts[r]`` tokens on rank r, the router steered off the ``muted`` experts, in a
+    composition's ``layout`` ``(edp, ep)`` (None: the 1-D ep mesh)."""
 
     counts: tuple[int, ...]
     muted: tuple[int, ...] = ()
+    layout: tuple[int, int] | None = None
 
     def seed(self) -> int:
         """The seed the layer and the tokens are made from."""
         return 7 + sum(self.counts) + 31 * len(self.muted)
 
     def describe(self, reports: list[dict[str, Any]] | None = None) -> str:
-        """``tokens per rank [...]``, the muted experts, and the pairs each rank received where the ranks know."""
-        text = f"tokens per rank {list(self.counts)}"
+        """The layout, ``tokens per rank [...]``, the muted experts, and the pairs each rank received where the
+        ranks know."""
+        text = "" if self.layout is None else f"edp {self.layout[0]} x ep {self.layout[1]}, "
+        text += f"tokens per rank {list(self.counts)}"
         if self.muted:
             text += f", router steered off experts {list(self.muted)}"
         pairs = [f.get("received_pairs") for f in reports or []]
@@ -90,67 +96,89 @@ class Scenario:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How the target lays the layer out in one world: per rank, its placements and the experts it holds."""
+class Placed:
+    """How the target lays the layer out in one world and layout: per rank, its placements and the experts it
+    holds; the routing the suite can steer."""
 
     placements: list[dict[str, str] | str]
     held: list[list[int] | None]
     routing: tuple[int, int] | None
+    #: Every rank's probe (:func:`~.ranks.placements`), what sharding did to the weights included.
+    probes: list[dict[str, Any]]
 
 
-_LAYOUTS: dict[tuple[int, Implementation], Layout] = {}
+_PLACED: dict[tuple[int, Implementation, Layout], Placed] = {}
+_EXPERTS: dict[Implementation, int] = {}
 _RUNS: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]] | BaseException] = {}
 _DIAGNOSES: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]]] = {}
 
 
-def _layout(world: WorldLike, impl: Implementation) -> Layout:
-    key = (world.size, impl)
-    if key not in _LAYOUTS:
-        found = world.run(ranks.placements, impl)
-        _LAYOUTS[key] = Layout([f["placements"] for f in found], [f["held"] for f in found], found[0]["routing"])
-    return _LAYOUTS[key]
+def world_layouts(world: WorldLike, impl: Implementation) -> list[Layout]:
+    """The layouts this world runs: the 1-D ep mesh, or every ``(edp, ep)`` of a composition."""
+    if impl not in _EXPERTS:
+        _EXPERTS[impl] = int(getattr(build_layer(impl, 0), "num_experts", EXPERTS))
+    return layouts(impl, world.size, _EXPERTS[impl])
 
 
-def _steered(layout: Layout, size: int) -> list[Scenario]:
-    """Where the routing can be steered and each rank's experts are known: rank W-1 receives no pair (its experts
-    muted), and every pair goes to rank 0 (every other expert muted)."""
-    if layout.routing is None or size < 2 or any(h is None for h in layout.held):
-        return []
-    experts, top_k = layout.routing
-    last, first = layout.held[-1] or [], layout.held[0] or []
-    found = []
-    if last and experts - len(set(last)) >= top_k:
-        found.append(Scenario(STEERED_COUNTS[0][:size], tuple(sorted(set(last)))))
-    if len(set(first)) >= top_k:
-        found.append(Scenario(STEERED_COUNTS[1][:size], tuple(e for e in range(experts) if e not in first)))
-    return found
+def _placed(world: WorldLike, impl: Implementation, layout: Layout) -> Placed:
+    key = (world.size, impl, layout)
+    if key not in _PLACED:
+        found = world.run(ranks.placements, impl, layout)
+        _PLACED[key] = Placed([f["placements"] for f in found], [f["held"] for f in found], found[0]["routing"],
+                              found)
+    return _PLACED[key]
+
+
+def _steering(placed: Placed) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Where the routing can be steered and each rank's experts are known: the experts to mute so that the last
+    rank receives no pair (its own), and so that every pair goes to rank 0 (all but rank 0's); ``()`` where that
+    cannot be done (the layer's routing is not steerable, or too few experts would be left)."""
+    if placed.routing is None or len(placed.held) < 2 or any(h is None for h in placed.held):
+        return (), ()
+    experts, top_k = placed.routing
+    last, first = set(placed.held[-1] or ()), set(placed.held[0] or ())
+    avoid_last = tuple(sorted(last)) if last and experts - len(last) >= top_k else ()
+    only_first = tuple(e for e in range(experts) if e not in first) if len(first) >= top_k else ()
+    return avoid_last, only_first
 
 
 def edge_scenarios(world: WorldLike, impl: Implementation) -> list[Scenario]:
-    """The scenarios every world runs first: rank 1 with no tokens (so it sends nothing), every token on the last
-    rank, and the :func:`_steered` ones."""
+    """The scenarios every world runs first, in each layout. With 2+ ranks: rank 0 with no tokens (so it sends
+    nothing) while the last rank, which has tokens, receives no pair; then every token on the last rank and every
+    pair sent to rank 0 (so every other rank receives nothing). Where the routing cannot be steered the token
+    counts alone are kept."""
     size = world.size
-    fixed = [Scenario(NO_TOKENS_ON_RANK_1[:size])]
-    if size > 1:
-        fixed.append(Scenario((0,) * (size - 1) + (4,)))
-    return fixed + _steered(_layout(world, impl), size)
+    if size == 1:
+        return [Scenario((5,), (), layout) for layout in world_layouts(world, impl)]
+    found = []
+    for layout in world_layouts(world, impl):
+        avoid_last, only_first = _steering(_placed(world, impl, layout))
+        found.append(Scenario(NO_TOKENS_ON_RANK_0[:size], avoid_last, layout))
+        found.append(Scenario((0,) * (size - 1) + (4,), only_first, layout))
+    return found
 
 
-def _drawn(layout: Layout, size: int) -> st.SearchStrategy[Scenario]:
-    """Scenarios hypothesis draws: 0-6 tokens a rank, at least one in all (a batch of no token anywhere has no loss
-    to take a gradient of); where steerable, no expert muted, a rank's experts muted, all but a rank's muted, or any
-    set that leaves ``top_k``."""
+def _drawn(world: WorldLike, impl: Implementation) -> st.SearchStrategy[Scenario]:
+    """Scenarios hypothesis draws: a layout, 0-6 tokens a rank, at least one in all (a batch of no token anywhere
+    has no loss to take a gradient of); where steerable, no expert muted, a rank's experts muted, all but a rank's
+    muted, or any set that leaves ``top_k``."""
+    size = world.size
     counts = st.lists(st.integers(0, 6), min_size=size, max_size=size).filter(any).map(tuple)
-    if layout.routing is None:
-        return st.builds(Scenario, counts)
-    experts, top_k = layout.routing
-    blocks = [tuple(sorted(set(h))) for h in layout.held if h]
-    blocks += [tuple(e for e in range(experts) if e not in b) for b in blocks]
-    choices: list[st.SearchStrategy[tuple[int, ...]]] = [st.just(())]
-    if blocks := [b for b in blocks if b and experts - len(b) >= top_k]:
-        choices.append(st.sampled_from(blocks))
-    choices.append(st.sets(st.integers(0, experts - 1), max_size=experts - top_k).map(lambda m: tuple(sorted(m))))
-    return st.builds(Scenario, counts, st.one_of(*choices))
+
+    def in_layout(layout: Layout) -> st.SearchStrategy[Scenario]:
+        placed = _placed(world, impl, layout)
+        if placed.routing is None:
+            return st.builds(Scenario, counts, st.just(()), st.just(layout))
+        experts, top_k = placed.routing
+        blocks = [tuple(sorted(set(h))) for h in placed.held if h]
+        blocks += [tuple(e for e in range(experts) if e not in b) for b in blocks]
+        choices: list[st.SearchStrategy[tuple[int, ...]]] = [st.just(())]
+        if blocks := [b for b in blocks if b and experts - len(b) >= top_k]:
+            choices.append(st.sampled_from(blocks))
+        choices.append(st.sets(st.integers(0, experts - 1), max_size=experts - top_k).map(lambda m: tuple(sorted(m))))
+        return st.builds(Scenario, counts, st.one_of(*choices), st.just(layout))
+
+    return st.one_of(*(in_layout(layout) for layout in world_layouts(world, impl)))
 
 
 def _reports(world: WorldLike, impl: Implementation, scenario: Scenario) -> list[dict[str, Any]]:
@@ -159,7 +187,8 @@ def _reports(world: WorldLike, impl: Implementation, scenario: Scenario) -> list
     key = (world.size, impl, scenario)
     if key not in _RUNS:
         try:
-            _RUNS[key] = world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS, list(scenario.muted))
+            _RUNS[key] = world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS,
+                                   list(scenario.muted), layout=scenario.layout)
         except BaseException as exc:
             _RUNS[key] = exc
             raise
@@ -178,7 +207,7 @@ def drawn_examples() -> int:
 Judge = Callable[[Scenario, list[dict[str, Any]]], None]
 
 
-Diagnose = Callable[[Sequence[dict[str, Any]], float, int], str]
+Diagnose = Callable[[Sequence[dict[str, Any]], float, dict[str, int]], "str | None"]
 
 
 def _each_scenario(world: WorldLike, impl: Implementation, judge: Judge, diagnose: Diagnose) -> None:
@@ -187,7 +216,7 @@ def _each_scenario(world: WorldLike, impl: Implementation, judge: Judge, diagnos
     nothing is proven)."""
 
     @settings(max_examples=drawn_examples())
-    @given(scenario=_drawn(_layout(world, impl), world.size))
+    @given(scenario=_drawn(world, impl))
     def prop(scenario: Scenario) -> None:
         try:
             judge(scenario, _reports(world, impl, scenario))
@@ -202,13 +231,32 @@ def _each_scenario(world: WorldLike, impl: Implementation, judge: Judge, diagnos
     except AssertionError as exc:
         failed = getattr(exc, "moe_scenario", None)
         if not getattr(exc, "likely_cause", "") and failed is not None:
-            try:
-                found = diagnose(_diagnosis(world, impl, failed), tolerance(impl), world.size)
-            except (Exception, StepAborted):  # a diagnosis that breaks proves nothing; the failure stands as it is
-                found = ""
+            found = _proven(world, impl, failed, diagnose)
             if found:
                 exc.likely_cause = found  # type: ignore[attr-defined]
         raise
+
+
+def _proven(world: WorldLike, impl: Implementation, failed: Scenario, diagnose: Diagnose) -> str:
+    """The cause ``diagnose`` proves from ``failed``'s re-run; where that scenario fits several causes (two bugs
+    that give the same values there: a rank whose tokens reach no expert of its own cannot tell a detached
+    dispatch from a gather that keeps its own experts' part), the first of :data:`MIXED` (every rank's tokens
+    routed freely) and the layout's other edge scenarios that tells them apart; "" where nothing is proven."""
+    mixed = Scenario(MIXED[: world.size], (), failed.layout)
+    others = [s for s in (mixed, *edge_scenarios(world, impl)) if s.layout == failed.layout and s != failed]
+    for scenario in (failed, *others):
+        try:
+            found = diagnose(_diagnosis(world, impl, scenario), tolerance(impl), _sizes(world.size, scenario.layout))
+        except (Exception, StepAborted):  # a diagnosis that breaks proves nothing; the failure stands as it is
+            return ""
+        if found is not None:
+            return found
+    return ""
+
+
+def _sizes(size: int, layout: Layout) -> dict[str, int]:
+    """The sizes an exact factor is named against: the world (W), ep (the world on the 1-D mesh) and edp."""
+    return {"W": size, "ep": size} if layout is None else {"W": size, "ep": layout[1], "edp": layout[0]}
 
 
 def _diagnosis(world: WorldLike, impl: Implementation, scenario: Scenario) -> list[dict[str, Any]]:
@@ -216,7 +264,8 @@ def _diagnosis(world: WorldLike, impl: Implementation, scenario: Scenario) -> li
     size, target and scenario."""
     key = (world.size, impl, scenario)
     if key not in _DIAGNOSES:
-        found = world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS, list(scenario.muted), True)
+        found = world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS, list(scenario.muted), True,
+                          layout=scenario.layout)
         _DIAGNOSES[key] = [f["values"] for f in found]
     return _DIAGNOSES[key]
 
@@ -300,8 +349,9 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
 
 @moe_check("moe.trains_like_one_process")
 def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
-    """After one SGD and one Adam step every parameter equals one process's, and every replicated parameter
-    (plain, or a DTensor sharded nowhere) is bit-identical on every rank."""
+    """After one SGD and one Adam step every parameter equals one process's, every replicated parameter (plain, or
+    a DTensor sharded nowhere) is bit-identical on every rank, and every shard is bit-identical on the ranks that
+    hold the same part (replicas over expert-data parallelism)."""
 
     def judge(scenario: Scenario, reports: list[dict[str, Any]]) -> None:
         changed = _changed(reports, impl)
@@ -312,6 +362,16 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
             assert not apart, (
                 f"{scenario.describe(reports)}: replicated {name} differs from rank 0's on rank(s) {apart} after steps"
             )
+        holders: dict[tuple[str, Any], list[tuple[int, str]]] = {}
+        for rank, found in enumerate(reports):
+            for name, (part, digest) in found["shard_digests"].items():
+                holders.setdefault((name, part), []).append((rank, digest))
+        for (name, _part), held in holders.items():
+            apart = [r for r, d in held if d != held[0][1]]
+            assert not apart, (
+                f"{scenario.describe(reports)}: {name}'s shard on rank(s) {apart} differs from its replica on rank "
+                f"{held[0][0]} after steps (the replicas of an expert shard are never reduced alike)"
+            )
 
     # Steps follow from the gradients: where the gradients' difference is proven, so is the steps'.
     _each_scenario(world, impl, judge, gradient_cause)
@@ -321,26 +381,39 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
 def experts_sharded_over_ep(world: WorldLike, impl: Implementation) -> None:
     """With 2+ ranks some parameter is sharded over the mesh (a DTensor, or rank-local rows), each DTensor shard is
     the chunk its placements give the rank's coordinate on its own mesh, each rank-local row one of the unsharded
-    layer's, every one held once, and sharding kept every weight."""
-    reports = _reports(world, impl, edge_scenarios(world, impl)[0])
-    found = reports[0]
-    problems = sorted({problem for f in reports for problem in f["local_problems"]})
-    assert not problems, f"sharding changed the layer's weights: the rank-local rows of {'; '.join(problems)}"
-    _close_on_every_rank([found["start"]], impl, "sharding changed the layer's weights: ")
-    wrong = sorted({name for f in reports for name in f["chunks_wrong"]})
-    assert not wrong, f"local shards that are not their placement's chunk: {', '.join(wrong)}"
-    if world.size > 1:
-        sharded = [n for n, p in found["placements"].items() if p != "plain"]
-        if not sharded:
-            raise AssertionError(f"nothing is sharded over the {world.size}-rank mesh: {found['placements']}")
-    elif not found["placements"]:
-        raise NotApplicable("the layer has no parameters")
+    layer's, every one held as often as the layout replicates it, and sharding kept every weight; in every layout."""
+    for layout in world_layouts(world, impl):
+        reports = _placed(world, impl, layout).probes
+        where = "" if layout is None else f"edp {layout[0]} x ep {layout[1]}: "
+        found = reports[0]
+        if isinstance(found["placements"], str):
+            raise AssertionError(f"{where}the target raised applying expert parallelism: {found['placements']}")
+        problems = sorted({problem for f in reports for problem in f["local_problems"]})
+        assert not problems, (
+            f"{where}sharding changed the layer's weights: the rank-local rows of {'; '.join(problems)}"
+        )
+        _close_on_every_rank([found["start"]], impl, f"{where}sharding changed the layer's weights: ")
+        wrong = sorted({name for f in reports for name in f["chunks_wrong"]})
+        assert not wrong, f"{where}local shards that are not their placement's chunk: {', '.join(wrong)}"
+        expert_groups = world.size if layout is None else layout[1]
+        if expert_groups > 1:
+            sharded = [n for n, p in found["placements"].items() if p != "plain"]
+            if not sharded:
+                raise AssertionError(f"{where}nothing is sharded over the {expert_groups}-rank ep mesh: "
+                                     f"{found['placements']}")
+        elif not found["placements"]:
+            raise NotApplicable("the layer has no parameters")
 
 
 def prepare(world: WorldLike, impl: Implementation, notes: list[str]) -> Implementation:
-    """Note how the target places the layer's parameters in this world (the report's "expert placements")."""
-    found = _layout(world, impl).placements[0]
-    if isinstance(found, dict) and world.size > 1 and EXPERTS % world.size == 0:
-        shown = ", ".join(f"{n} {p}" for n, p in found.items())
-        notes.append(f"moe placements in a world of {world.size}: {shown}")
+    """Note how the target places the layer's parameters in this world, in each layout (the report's "expert
+    placements")."""
+    if world.size < 2 or EXPERTS % world.size:
+        return impl
+    for layout in world_layouts(world, impl):
+        found = _placed(world, impl, layout).placements[0]
+        if isinstance(found, dict):
+            shown = ", ".join(f"{n} {p}" for n, p in found.items())
+            where = "" if layout is None else f" (edp {layout[0]} x ep {layout[1]})"
+            notes.append(f"moe placements in a world of {world.size}{where}: {shown}")
     return impl

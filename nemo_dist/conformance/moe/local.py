@@ -65,8 +65,13 @@ def _rows_of(local: torch.Tensor, full: torch.Tensor) -> tuple[list[int], list[s
     return rows, problems
 
 
-def find(layer: nn.Module, start: dict[str, torch.Tensor]) -> tuple[dict[str, LocalRows], list[str]]:
+def find(
+    layer: nn.Module, start: dict[str, torch.Tensor], replicas: int = 1
+) -> tuple[dict[str, LocalRows], list[str]]:
     """The rank-local parameters of ``layer`` by name (``start``: the unsharded layer's parameters), and problems.
+
+    Every row must be held by ``replicas`` ranks (1 on the ep mesh; edp where
+    ep is borrowed from data parallelism, each expert replicated over it).
 
     A parameter is rank-local where, on some rank, it is a plain tensor whose
     dim 0 differs from ``start``'s and whose other dims do not. A problem names
@@ -90,8 +95,9 @@ def find(layer: nn.Module, start: dict[str, torch.Tensor]) -> tuple[dict[str, Lo
         dist.all_gather_object(gathered, (rows, wrong))
         wrong_anywhere = [f"rank {r}: {w}" for r, (_, ws) in enumerate(gathered) for w in ws]
         held = sorted(i for rows_r, _ in gathered for i in rows_r)
-        if not wrong_anywhere and held != list(range(start[name].shape[0])):
-            wrong_anywhere.append(f"the ranks hold rows {held}, not each of the {start[name].shape[0]} once")
+        if not wrong_anywhere and held != sorted(list(range(start[name].shape[0])) * replicas):
+            times = "once" if replicas == 1 else f"{replicas} times"
+            wrong_anywhere.append(f"the ranks hold rows {held}, not each of the {start[name].shape[0]} {times}")
         if wrong_anywhere:
             problems.append(f"{name} ({'; '.join(wrong_anywhere)})")
             continue

@@ -29,7 +29,7 @@ OPTIONS: tuple[Option, ...] = (
             Doc(_NAMES, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (see \"Mixture of "
                         "experts under expert parallelism\" below)"),
             Doc(_MOE, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (None: changed in place), "
-                      "`ep_mesh` a 1-D mesh over the world"),
+                      "`ep_mesh` a 1-D mesh over the world, or the 2-D mesh `--moe-mesh` names"),
         ),
     ),
     Option(
@@ -48,11 +48,49 @@ OPTIONS: tuple[Option, ...] = (
                         "(default `float64`; upstream's `GroupedExperts` gathers its routing weights in `float32`): "
                         "the checks then allow 32 roundings of that dtype instead of 1e-10"),),
     ),
+
+    Option(
+        "--moe-mesh", metavar="DIMS", choices=("ep", "edp,ep"),
+        help="the mesh {opt:moe_fn} is given: ep (a 1-D mesh over the world; the suite sums replicated gradients "
+        "over the world itself) or edp,ep (ep borrowed from data parallelism: every layout edp x ep of the world, "
+        "expert groups of one rank and of more; the target makes every reduction itself, as training does)",
+        docs=(Doc(_MOE, "the mesh `--moe-fn` is given: `ep` (default: a 1-D mesh over the world; the suite sums "
+                        "replicated gradients over the world as a training loop's data parallelism would) or "
+                        "`edp,ep` (ep borrowed from data parallelism, as torchtitan and upstream compose it: a 2-D "
+                        "mesh named `(\"edp\", \"ep\")` for every layout `edp x ep` of the world whose ep divides "
+                        "the experts, every rank its own tokens; the target makes every reduction, dense and "
+                        "expert, itself)"),),
+    ),
+    Option(
+        "--moe-reduction", metavar="MODE", choices=("mean", "sum"),
+        help="under {opt:moe_mesh} edp,ep, what the target's reductions make of the ranks' gradients: sum (default) or "
+        "mean (divided by the world size, every parameter alike)",
+        docs=(Doc(_MOE, "under `--moe-mesh edp,ep`, what the target's reductions make of every rank's gradients: "
+                        "`sum` (default) or `mean` (divided by the data-parallel size, the world, every parameter "
+                        "alike)"),),
+    ),
+    Option(
+        "--moe-loss-scale", metavar="FACTOR",
+        help="under {opt:moe_mesh} edp,ep, what each rank's loss is multiplied by before backward, as the training "
+        "recipe does: a number, or @world, @ep or @edp of the layout (default 1)",
+        docs=(Doc(_MOE, "under `--moe-mesh edp,ep`, what each rank's loss is multiplied by before backward, as "
+                        "the training recipe does (upstream multiplies by the data-parallel size): a number, or "
+                        "`@world`, `@ep` or `@edp` of the layout (default 1); `--moe-after-backward` undoes it"),),
+    ),
+    Option(
+        "--moe-after-backward", metavar="MODULE:NAME",
+        help="under {opt:moe_mesh} edp,ep, a step the training loop takes after every backward, called as "
+        "fn(layer, mesh) (a gradient scaling, a reduction of its own)",
+        docs=(Doc(_MOE, "under `--moe-mesh edp,ep`, a step your training loop takes after every backward, called "
+                        "as `fn(layer, mesh)` (upstream's gradient scaling, a reduction the target leaves to the "
+                        "loop)"),),
+    ),
 )
 
 TARGET = SuiteTarget(
     component="moe",
-    fields=("moe_fn", "moe_layer", "moe_compute_dtype"),
+    fields=("moe_fn", "moe_layer", "moe_compute_dtype", "moe_mesh", "moe_reduction", "moe_loss_scale",
+            "moe_after_backward"),
     reference={"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts"},
     presets={
         "nemo_dist": {"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts"},

@@ -22,8 +22,17 @@ from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.moe.layer import TinyMoE
 from nemo_dist.conformance.wrapping import DTYPES
 
-__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "MUTE", "build_layer", "dim_of", "dtype_tolerance", "outputs",
+__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "MESHES", "MUTE", "REDUCTIONS", "Layout", "after_backward",
+           "build_layer", "composed", "dim_of", "dtype_tolerance", "layouts", "loss_scale", "mean_divisor", "outputs",
            "parallelize", "routed_experts", "steer", "steerable", "tolerance", "validate"]
+
+#: ``--moe-mesh``'s values: the 1-D ep mesh, or ep borrowed from data parallelism.
+MESHES = ("ep", "edp,ep")
+#: ``--moe-reduction``'s values.
+REDUCTIONS = ("mean", "sum")
+
+#: A composition's layout: ``(edp, ep)`` ranks (None: the 1-D ep mesh over the world).
+Layout = tuple[int, int] | None
 
 #: The auxiliary loss's weight in the loss every check backpropagates.
 AUX_WEIGHT = 0.25
@@ -117,12 +126,62 @@ def outputs(found: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     return found, None
 
 
+def composed(impl: Implementation) -> bool:
+    """Whether ``--moe-mesh edp,ep`` declares a composition (the target makes every reduction itself)."""
+    return impl.suite_option("moe_mesh") == MESHES[1]
+
+
+def layouts(impl: Implementation, size: int, experts: int) -> list[Layout]:
+    """The layouts a world of ``size`` runs: the 1-D mesh (``[None]``), or under a composition every ``(edp, ep)``
+    with ``edp * ep == size`` whose ep divides ``experts``, expert groups of one rank first."""
+    if not composed(impl):
+        return [None]
+    return [(size // ep, ep) for ep in range(1, size + 1) if size % ep == 0 and experts % ep == 0]
+
+
+def loss_scale(impl: Implementation, layout: Layout, size: int) -> float:
+    """What each rank's loss is multiplied by before backward (``--moe-loss-scale``; 1 outside a composition)."""
+    declared = impl.suite_option("moe_loss_scale")
+    if declared is None or layout is None:
+        return 1.0
+    symbols = {"@world": size, "@edp": layout[0], "@ep": layout[1]}
+    return float(symbols[declared]) if declared in symbols else float(declared)
+
+
+def mean_divisor(impl: Implementation, layout: Layout, size: int) -> float:
+    """What one process's summed gradient is divided by to give the expected one: the world under a composition
+    declared ``--moe-reduction mean``, else 1."""
+    return float(size) if layout is not None and impl.suite_option("moe_reduction") == REDUCTIONS[0] else 1.0
+
+
+def after_backward(impl: Implementation, layer: nn.Module, mesh: Any) -> None:
+    """The declared step after backward (``--moe-after-backward``), called as ``fn(layer, mesh)``."""
+    declared = impl.suite_option("moe_after_backward")
+    if declared is not None:
+        resolve_callable(declared)(layer, mesh)
+
+
 def validate(impl: Implementation) -> None:
     """Import what the moe options name (in the parent, before any world starts); ``OptionError`` naming it."""
     dtype = impl.suite_option("moe_compute_dtype")
     if dtype is not None and dtype not in DTYPES:
         raise OptionError(f"{{opt:moe_compute_dtype}} expects one of {', '.join(DTYPES)}; got {dtype!r}")
-    for field, what in (("moe_fn", "an expert-parallel function"), ("moe_layer", "a layer factory")):
+    for field, allowed in (("moe_mesh", MESHES), ("moe_reduction", REDUCTIONS)):
+        value = impl.suite_option(field)
+        if value is not None and value not in allowed:
+            raise OptionError(f"{{opt:{field}}} expects one of {', '.join(allowed)}; got {value!r}")
+    scale = impl.suite_option("moe_loss_scale")
+    if scale is not None and scale not in ("@world", "@edp", "@ep"):
+        try:
+            float(scale)
+        except ValueError:
+            raise OptionError(f"{{opt:moe_loss_scale}} expects a number, @world, @edp or @ep; got {scale!r}") from None
+    declared = [f for f in ("moe_reduction", "moe_loss_scale", "moe_after_backward") if impl.suite_option(f)]
+    if declared and not composed(impl):
+        raise OptionError(f"{{opt:{declared[0]}}} applies under {{opt:moe_mesh}} edp,ep, where the target makes its "
+                          "own reductions")
+    for field, what in (("moe_fn", "an expert-parallel function"), ("moe_layer", "a layer factory"),
+                        ("moe_after_backward", "a step after backward")):
         spec = impl.suite_option(field)
         if spec is not None:
             try:

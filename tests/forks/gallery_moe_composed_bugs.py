@@ -1,0 +1,46 @@
+"""Public bugs of expert parallelism composed with data parallelism, each a one-line change of the correct mean
+composition (:mod:`tests.forks.gallery_moe_composed`), checked under ``--moe-mesh edp,ep --moe-reduction mean``:
+
+- ``experts_averaged_over_replicas``: expert gradients averaged over their own expert-data-parallel group (divided
+  by edp, not the world): x ep (Megatron-LM #5656 / PR 5956, DeepSpeed #5618 / PR 6546);
+- ``experts_divided_by_ep``: divided by the expert-parallel size instead of the world: x edp, invisible when ep is
+  the world (VeOmni PR 185);
+- ``experts_divided_by_world_times_ep``: divided by the world and by ep: / ep (megablocks #86);
+- ``experts_never_reduced``: never reduced over their replicas, each rank keeping its group's own: the replicas
+  drift apart (fairseq #4220);
+- ``dense_reduced_over_ep``: the router reduced over the expert-parallel group only (dense parameters of other
+  groups never seen).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from tests.forks._composition import composed
+
+
+def experts_averaged_over_replicas(layer: nn.Module, mesh: Any) -> nn.Module:
+    """Expert gradients summed over edp and divided by edp."""
+    return composed(layer, mesh, experts_divisor=lambda w, ep, edp: edp)
+
+
+def experts_divided_by_ep(layer: nn.Module, mesh: Any) -> nn.Module:
+    """Expert gradients summed over edp and divided by ep."""
+    return composed(layer, mesh, experts_divisor=lambda w, ep, edp: ep)
+
+
+def experts_divided_by_world_times_ep(layer: nn.Module, mesh: Any) -> nn.Module:
+    """Expert gradients summed over edp and divided by the world times ep."""
+    return composed(layer, mesh, experts_divisor=lambda w, ep, edp: w * ep)
+
+
+def experts_never_reduced(layer: nn.Module, mesh: Any) -> nn.Module:
+    """Expert gradients divided by the world, never summed over their replicas."""
+    return composed(layer, mesh, experts_over=None)
+
+
+def dense_reduced_over_ep(layer: nn.Module, mesh: Any) -> nn.Module:
+    """The router's gradient summed over the ep group only, divided by the world."""
+    return composed(layer, mesh, dense_over="ep")
