@@ -100,17 +100,19 @@ def _draw_example(data: st.DataObject, sizes: Sequence[int], uneven: bool, symme
 
 def edge_matrices(size: int, symmetric: bool) -> list[Matrix]:
     """The split matrices every world of 2+ ranks runs before anything drawn: rank 0 sends no row while the last
-    rank receives none, then (3+ ranks) every row to rank 0; symmetric, the last rank neither sends nor receives."""
+    rank receives none, (3+ ranks) every row to rank 0, and every rank sending each other rank what it receives from
+    it and nothing to itself; symmetric, the last rank neither sending nor receiving."""
     if size < 2:
         return []
 
     def where(keep: Callable[[int, int], bool]) -> Matrix:
         return [[(1 + (i + j) % 3) if keep(i, j) else 0 for j in range(size)] for i in range(size)]
 
+    apart = where(lambda i, j: size - 1 not in (i, j))
     if symmetric:
-        return [where(lambda i, j: size - 1 not in (i, j))]
+        return [apart]
     found = [where(lambda i, j: i != 0 and j != size - 1)]
-    return found + ([where(lambda _i, j: j == 0)] if size > 2 else [])
+    return found + ([where(lambda _i, j: j == 0)] if size > 2 else []) + [where(lambda i, j: i != j)]
 
 
 def _edge_examples(sizes: Sequence[int], uneven: bool, symmetric: bool) -> list[dict[str, Any]]:
