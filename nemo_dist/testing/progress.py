@@ -40,14 +40,14 @@ _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 @dataclass(frozen=True)
 class ProcStat:
-    """What ``/proc/PID/stat`` says of a process: its state letter and CPU seconds used (all threads)."""
+    """What ``/proc`` says of a process: its state letter and CPU seconds used (all threads, and its descendants)."""
 
     state: str
     cpu_s: float
 
 
-def proc_stat(pid: int) -> ProcStat | None:
-    """The state and user plus system CPU seconds of process ``pid``, or None where unknown."""
+def _own_stat(pid: int) -> tuple[str, float] | None:
+    """Process ``pid``'s state and CPU seconds: its own (all threads) and its children's that it has waited for."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -55,9 +55,45 @@ def proc_stat(pid: int) -> ProcStat | None:
     # The command name (field 2) is in parentheses and may hold spaces.
     fields = stat[stat.rindex(")") + 2 :].split()
     try:
-        return ProcStat(fields[0], (int(fields[11]) + int(fields[12])) / _TICKS_PER_S)
+        return fields[0], sum(int(f) for f in fields[11:15]) / _TICKS_PER_S
     except (IndexError, ValueError):
         return None
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (every thread's), where ``/proc`` lists them; [] where it does not."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The state of process ``pid`` and the CPU seconds (user plus system) it and its descendants used, or None
+    where unknown. A rank waiting on a subprocess that works (a compiler torch started) is working: the
+    subprocess's CPU counts as the rank's."""
+    own = _own_stat(pid)
+    if own is None:
+        return None
+    state, cpu_s = own
+    pending, seen = _children(pid), {pid}
+    while pending:
+        child = pending.pop()
+        if child in seen:
+            continue
+        seen.add(child)
+        found = _own_stat(child)
+        if found is not None:
+            cpu_s += found[1]
+            pending += _children(child)
+    return ProcStat(state, cpu_s)
 
 
 def request_dump(r: RankProcess) -> int | None:
