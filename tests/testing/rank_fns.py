@@ -162,6 +162,21 @@ def wait_for_busy_rank(busy_rank: int, seconds: float) -> int:
     return dist.get_rank()
 
 
+def wait_for_busy_subprocess(busy_rank: int, seconds: float) -> int:
+    """Rank ``busy_rank`` waits on a subprocess that computes for ``seconds`` of CPU time (as torch waits on a
+    compiler it started), then every rank meets in a barrier."""
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == busy_rank:
+        busy = f"import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end:\n    pass\n"
+        subprocess.run([sys.executable, "-c", busy], check=True)
+    dist.barrier()
+    return dist.get_rank()
+
+
 def churn_threads(seconds: float) -> int:
     """Start and join short-lived threads, from three threads at once, for ``seconds``; return the thread count.
 

@@ -42,6 +42,12 @@ def test_rank_computing_past_its_deadline_is_given_time_and_finishes(world2: Wor
     assert world2.run_patiently(1.0, 60.0, rank_fns.wait_for_busy_rank, 1, 3.0) == [0, 1]
 
 
+def test_rank_waiting_on_a_working_subprocess_is_given_time_and_finishes(world2: World) -> None:
+    """A rank asleep in ``subprocess.run`` while its child computes for 3 CPU s (torch's compiler) is working, not
+    blocked: the child's CPU time counts as the rank's, and the call outlives a 1 s deadline."""
+    assert world2.run_patiently(1.0, 60.0, rank_fns.wait_for_busy_subprocess, 1, 3.0) == [0, 1]
+
+
 def test_rank_blocked_in_a_collective_times_out_soon_after_the_deadline(world2: World) -> None:
     """A barrier nobody else joins is a WorldTimeout within the deadline plus a few probes, saying it is blocked."""
     start = time.monotonic()
