@@ -8,6 +8,7 @@ None), which is legitimate: their gradient is zero. ``--moe-fn tests.forks.galle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,9 +17,13 @@ from torch import nn
 from tests.forks._experts import dispatched
 
 
-def present_only(rows: torch.Tensor, local: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """Each row through its local expert; only the experts present are called; the output is in autograd always."""
-    out = rows * 0
+def present_only(
+    rows: torch.Tensor, local: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+    start: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows * 0,
+) -> torch.Tensor:
+    """Each row through its local expert; only the experts present are called; the output begins as
+    ``start(rows)`` (by default ``rows * 0``, in autograd always)."""
+    out = start(rows)
     for e in torch.unique(local).tolist():
         at = torch.nonzero(local == e).reshape(-1)
         out = out.index_copy(0, at, torch.nn.functional.silu(rows[at] @ w1[e]) @ w2[e])

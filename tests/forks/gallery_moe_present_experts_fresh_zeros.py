@@ -9,23 +9,20 @@ NCCL; gloo may abort). Seen only where a rank receives nothing, which the moe su
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
 
 from tests.forks._experts import dispatched
-
-
-def present_only(rows: torch.Tensor, local: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """Each row through its local expert; only the experts present are called; the output starts outside autograd."""
-    out = rows.new_zeros(rows.shape)
-    for e in torch.unique(local).tolist():
-        at = torch.nonzero(local == e).reshape(-1)
-        out = out.index_copy(0, at, torch.nn.functional.silu(rows[at] @ w1[e]) @ w2[e])
-    return out
+from tests.forks.gallery_moe_present_experts import present_only
 
 
 def apply_ep(layer: nn.Module, ep_mesh: Any) -> nn.Module:
-    """Shard the experts and dispatch tokens to them, computing only the experts present."""
-    return dispatched(layer, ep_mesh, compute=present_only)
+    """Shard the experts and dispatch tokens to them, computing only the experts present from a fresh zeros output."""
+    return dispatched(layer, ep_mesh, compute=functools.partial(present_only, start=_fresh_zeros))
+
+
+def _fresh_zeros(rows: torch.Tensor) -> torch.Tensor:
+    return rows.new_zeros(rows.shape)
