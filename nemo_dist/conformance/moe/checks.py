@@ -33,7 +33,7 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
 from nemo_dist.conformance.moe.causes import forward_cause, gradient_cause
-from nemo_dist.conformance.moe.target import Layout, build_layer, layouts, tolerance
+from nemo_dist.conformance.moe.target import Layout, build_layer, composed, layouts, tolerance
 from nemo_dist.conformance.registry import WorldLike, WorldRule, check
 
 __all__ = [
@@ -114,7 +114,10 @@ _DIAGNOSES: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]]] = {
 
 
 def world_layouts(world: WorldLike, impl: Implementation) -> list[Layout]:
-    """The layouts this world runs: the 1-D ep mesh, or every ``(edp, ep)`` of a composition."""
+    """The layouts this world runs: the 1-D ep mesh, or every ``(edp, ep)`` of a composition (whose experts the
+    layer, built here once, says)."""
+    if not composed(impl):
+        return [None]
     if impl not in _EXPERTS:
         _EXPERTS[impl] = int(getattr(build_layer(impl, 0), "num_experts", EXPERTS))
     return layouts(impl, world.size, _EXPERTS[impl])
