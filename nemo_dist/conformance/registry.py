@@ -47,6 +47,7 @@ __all__ = [
     "WorldRule",
     "cases",
     "check",
+    "failure",
     "register_suite",
     "select_checks",
     "thorough",
@@ -137,6 +138,13 @@ class Check:
             if suite.screen is not None:
                 suite.screen(self, impl)
         self.fn(world, impl)
+
+
+def failure(message: str, cause: str) -> AssertionError:
+    """An ``AssertionError`` carrying its own likely cause (``likely_cause``, which the runner shows first)."""
+    exc = AssertionError(message)
+    exc.likely_cause = cause  # type: ignore[attr-defined]
+    return exc
 
 
 def with_likely_cause(run: Callable[[Any, Implementation], None], cause: str) -> Callable[[Any, Implementation], None]:

@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 import torch
 
-from nemo_dist.conformance.registry import check, with_likely_cause
+from nemo_dist.conformance.ddp.expectations import unit_roundoff
+from nemo_dist.conformance.registry import check, failure, with_likely_cause
 
 __all__ = [
     "CAUSES",
@@ -124,27 +125,15 @@ def a2a_check(
     return register
 
 
-def failure(message: str, cause: str) -> AssertionError:
-    """An ``AssertionError`` carrying its own likely cause."""
-    exc = AssertionError(message)
-    exc.likely_cause = cause  # type: ignore[attr-defined]
-    return exc
-
-
 #: Factors a scaled gradient is named by, with the divisor each implies in a group of W.
 _FACTORS = ((2.0, "W = 2"), (3.0, "W = 3"), (4.0, "W = 4"), (0.5, "1/W, W = 2"), (1 / 3, "1/W, W = 3"),
             (0.25, "1/W, W = 4"))
 
 
-def _rounding(dtype: torch.dtype) -> float:
-    """The unit roundoff of a float ``dtype``."""
-    return float(torch.finfo(dtype).eps) / 2
-
-
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, roundings: float = 4.0) -> bool:
     """Whether ``got`` equals ``want`` within ``roundings`` of ``dtype``'s unit roundoff, relative to ``want``."""
     scale = float(want.abs().max()) if want.numel() else 0.0
-    return bool(torch.allclose(got, want, rtol=0, atol=roundings * _rounding(dtype) * max(scale, 1e-30)))
+    return bool(torch.allclose(got, want, rtol=0, atol=roundings * unit_roundoff(dtype) * max(scale, 1e-30)))
 
 
 def gradient_cause(
@@ -173,7 +162,7 @@ def gradient_cause(
             implied = f" ({divisor})" if group_size is not None and divisor.endswith(f"W = {group_size}") else ""
             return MULTIPLIED.format(factor=f"{factor:.4g}", divisor=implied)
     for lower in (torch.bfloat16, torch.float16):
-        if _rounding(lower) > _rounding(dtype) and all(
+        if unit_roundoff(lower) > unit_roundoff(dtype) and all(
             torch.equal(g, e.to(lower).double()) for g, e in wide
         ):
             return LOWER_DTYPE.format(dtype=str(lower).removeprefix("torch."))

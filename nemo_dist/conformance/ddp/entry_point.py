@@ -171,7 +171,7 @@ def params_of(model: nn.Module) -> list[torch.Tensor]:
 
 def grads_of(model: nn.Module) -> list[torch.Tensor | None]:
     """CPU copies of ``model``'s gradients (None where a parameter has none)."""
-    return [grad_copy(p) for p in model.parameters()]
+    return [grad_copy(p, p.grad) for p in model.parameters()]
 
 
 def sgd_step(model: nn.Module, lr: float) -> None:

@@ -58,11 +58,11 @@ def whole_grad(param: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor |
     return None if grad is None else full(grad)
 
 
-def grad_copy(param: torch.Tensor) -> torch.Tensor | None:
-    """A detached CPU copy of ``param``'s whole gradient (:func:`whole_grad`; a collective for a DTensor), or None
-    where this rank holds none."""
-    grad = whole_grad(param, param.grad)
-    return None if grad is None or param.grad is None else grad.detach().to("cpu", copy=True)
+def grad_copy(param: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """A detached CPU copy of ``grad``, ``param``'s gradient, whole (:func:`whole_grad`; a collective for a
+    DTensor), or None where this rank holds none."""
+    whole = whole_grad(param, grad)
+    return None if whole is None or grad is None else whole.detach().to("cpu", copy=True)
 
 
 def is_sharded(tensors: Iterable[torch.Tensor]) -> bool:

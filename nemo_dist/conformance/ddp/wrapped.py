@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nemo_dist.conformance.ddp.mesh import mesh_form, world_mesh
-from nemo_dist.conformance.ddp.sharded import cpu_copy, whole_grad
+from nemo_dist.conformance.ddp.sharded import cpu_copy, grad_copy
 from nemo_dist.conformance.errors import NotSupported
 from nemo_dist.conformance.implementation import DDPWrapper
 from nemo_dist.conformance.importing import made, resolve_callable
@@ -318,11 +318,7 @@ def gradients(wrapped: Wrapped) -> list[torch.Tensor | None]:
 def gradient_copies(wrapped: Wrapped) -> list[torch.Tensor | None]:
     """CPU copies of :func:`gradients`, whole where sharded (None where this rank holds none): a collective for
     each DTensor parameter on every rank, whether or not its shard got a gradient here."""
-    found: list[torch.Tensor | None] = []
-    for param, grad in zip(wrapped.params, gradients(wrapped), strict=True):
-        whole = whole_grad(param, grad)
-        found.append(None if whole is None or grad is None else whole.detach().to("cpu", copy=True))
-    return found
+    return [grad_copy(param, grad) for param, grad in zip(wrapped.params, gradients(wrapped), strict=True)]
 
 
 def held(wrapped: Wrapped) -> list[torch.Tensor]:

@@ -316,7 +316,7 @@ def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> 
             found[mode] = {
                 "reductions": len(reduced),
                 "held": held,
-                "grads": [grad_copy(p) for p in model.parameters()],
+                "grads": [grad_copy(p, p.grad) for p in model.parameters()],
             }
         for index in range(micro):
             _loss(reference, tokens[index], targets[index]).backward()
@@ -429,7 +429,7 @@ def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str)
             runs = observe_blocks(parts, functools.partial(_loss, model, _local(tokens[0]), _local(targets[0])))
             found[run] = {
                 "runs": runs,
-                "grads": [grad_copy(p) for p in model.parameters()],
+                "grads": [grad_copy(p, p.grad) for p in model.parameters()],
             }
         return found
 

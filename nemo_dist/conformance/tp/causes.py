@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from nemo_dist.conformance.registry import WorldRule, check, with_likely_cause
+from nemo_dist.conformance.registry import WorldRule, check, failure, with_likely_cause
 
 __all__ = ["CAUSES", "KV_HEADS", "MULTIPLIED", "RANKS_DISAGREE", "REPLICA_SYNC", "SPLITS", "failure", "tp_check"]
 
@@ -81,13 +81,6 @@ CAUSES = {
     "indivisible_heads_refused_on_every_rank": "head counts that do not split over the tensor-parallel ranks "
     "accepted, giving wrong shapes or numbers, or refused on some ranks only",
 }
-
-
-def failure(message: str, cause: str) -> AssertionError:
-    """An ``AssertionError`` carrying its own likely cause."""
-    exc = AssertionError(message)
-    exc.likely_cause = cause  # type: ignore[attr-defined]
-    return exc
 
 
 def tp_check(
