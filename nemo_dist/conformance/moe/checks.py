@@ -34,7 +34,7 @@ from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
 from nemo_dist.conformance.moe.causes import forward_cause, gradient_cause
 from nemo_dist.conformance.moe.target import Layout, build_layer, composed, layouts, tolerance
-from nemo_dist.conformance.registry import WorldLike, WorldRule, check
+from nemo_dist.conformance.registry import WorldLike, WorldRule, check, failure
 
 __all__ = [
     "SHARDING_CHANGED",
@@ -97,14 +97,26 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Placed:
-    """How the target lays the layer out in one world and layout: per rank, its placements and the experts it
-    holds; the routing the suite can steer."""
+    """How the target lays the layer out in one world and layout: every rank's probe
+    (:func:`~.ranks.placements`), what sharding did to the weights included."""
 
-    placements: list[dict[str, str] | str]
-    held: list[list[int] | None]
-    routing: tuple[int, int] | None
-    #: Every rank's probe (:func:`~.ranks.placements`), what sharding did to the weights included.
     probes: list[dict[str, Any]]
+
+    @property
+    def placements(self) -> list[dict[str, str] | str]:
+        """Per rank, how each parameter is held (or the error the target raised)."""
+        return [f["placements"] for f in self.probes]
+
+    @property
+    def held(self) -> list[list[int] | None]:
+        """Per rank, the experts it holds (None where nothing says)."""
+        return [f["held"] for f in self.probes]
+
+    @property
+    def routing(self) -> tuple[int, int] | None:
+        """``(num_experts, top_k)`` of a layer whose routing the suite can steer, else None."""
+        found: tuple[int, int] | None = self.probes[0]["routing"]
+        return found
 
 
 _PLACED: dict[tuple[int, Implementation, Layout], Placed] = {}
@@ -126,9 +138,7 @@ def world_layouts(world: WorldLike, impl: Implementation) -> list[Layout]:
 def _placed(world: WorldLike, impl: Implementation, layout: Layout) -> Placed:
     key = (world.size, impl, layout)
     if key not in _PLACED:
-        found = world.run(ranks.placements, impl, layout)
-        _PLACED[key] = Placed([f["placements"] for f in found], [f["held"] for f in found], found[0]["routing"],
-                              found)
+        _PLACED[key] = Placed(world.run(ranks.placements, impl, layout))
     return _PLACED[key]
 
 
@@ -184,14 +194,19 @@ def _drawn(world: WorldLike, impl: Implementation) -> st.SearchStrategy[Scenario
     return st.one_of(*(in_layout(layout) for layout in world_layouts(world, impl)))
 
 
+def _run(world: WorldLike, impl: Implementation, scenario: Scenario, diagnose: bool = False) -> list[dict[str, Any]]:
+    """Every rank's :func:`~.ranks.run` of ``scenario`` (with ``diagnose``: its diagnosis values too)."""
+    return world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS, list(scenario.muted), diagnose,
+                     layout=scenario.layout)
+
+
 def _reports(world: WorldLike, impl: Implementation, scenario: Scenario) -> list[dict[str, Any]]:
     """Every rank's report of ``scenario`` in this world (run once per world size and target, shared by the checks;
     a run that raised or hung raises the same for every check)."""
     key = (world.size, impl, scenario)
     if key not in _RUNS:
         try:
-            _RUNS[key] = world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS,
-                                   list(scenario.muted), layout=scenario.layout)
+            _RUNS[key] = _run(world, impl, scenario)
         except BaseException as exc:
             _RUNS[key] = exc
             raise
@@ -267,9 +282,7 @@ def _diagnosis(world: WorldLike, impl: Implementation, scenario: Scenario) -> li
     size, target and scenario."""
     key = (world.size, impl, scenario)
     if key not in _DIAGNOSES:
-        found = world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS, list(scenario.muted), True,
-                          layout=scenario.layout)
-        _DIAGNOSES[key] = [f["values"] for f in found]
+        _DIAGNOSES[key] = [f["values"] for f in _run(world, impl, scenario, diagnose=True)]
     return _DIAGNOSES[key]
 
 
@@ -296,7 +309,7 @@ def _close_on_every_rank(per_rank: Sequence[dict[str, float | None]], impl: Impl
         parts.append(f"{name} " + ("of the wrong shape" if largest == float("inf") else f"off by {largest:.3g}")
                      + f" on rank{'s' if len(found) > 1 else ''} {ranks}")
     message = f"{where}{'; '.join(parts)} (tolerance {allowed:.3g})"
-    raise _failure(message, cause) if cause else AssertionError(message)
+    raise failure(message, cause) if cause else AssertionError(message)
 
 
 def moe_check(name: str, *, rule: WorldRule | None = EXPERTS_SPLIT) -> Callable[[Callable[..., None]], Any]:
@@ -306,12 +319,6 @@ def moe_check(name: str, *, rule: WorldRule | None = EXPERTS_SPLIT) -> Callable[
         return check(name, tier="core", component="moe", rule=rule)(run)
 
     return register
-
-
-def _failure(message: str, cause: str) -> AssertionError:
-    exc = AssertionError(message)
-    exc.likely_cause = cause  # type: ignore[attr-defined]
-    return exc
 
 
 def _changed(reports: list[dict[str, Any]], impl: Implementation) -> str | None:

@@ -15,8 +15,7 @@ from torch import nn
 
 from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.moe.local import LocalRows
-from nemo_dist.conformance.moe.reading import full, grad_or_zeros, held_experts, layer_loss, whole_grad
-from nemo_dist.conformance.moe.target import AUX_WEIGHT
+from nemo_dist.conformance.moe.reading import full, grad_or_zeros, held_experts, layer_loss, loss_of
 from nemo_dist.conformance.moe.variants import VARIANTS, pair_contributions, variant_forward
 
 __all__ = ["diagnosis"]
@@ -34,13 +33,13 @@ def _param_grads(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> list[tor
 
 def diagnosis(
     reference: nn.Module, layer: nn.Module, local: dict[str, LocalRows], xs: list[torch.Tensor],
-    projections: list[torch.Tensor], me: int, compared: tuple[Any, ...], *, summed: bool = True,
-    divisor: float = 1.0,
+    projections: list[torch.Tensor], me: int, compared: tuple[Any, ...], *, divisor: float = 1.0,
 ) -> dict[str, Any]:
     """What the checks compared, whole, on CPU, and what one process gives with each known bug built in.
 
-    ``summed``: plain gradients are read summed over the world (the 1-D mesh) or as they are (a composition);
-    ``divisor``: what one process's summed gradients are divided by for the expected ones (a declared mean).
+    ``compared``: the run's ``(out, aux, tokens, want_out, want_aux, want_tokens, grads)``, ``grads`` each
+    parameter's ``(whole gradient, one process's)`` as the run read them; ``divisor``: what one process's summed
+    gradients are divided by for the expected ones (a declared mean).
 
     ``out``, ``aux``, ``tokens_grad``: ``(got, want)`` for this rank; ``grads``: ``{name: (got, want)}`` whole;
     ``own_share``: each parameter's gradient from this rank's tokens alone (what a gradient never summed over ranks
@@ -48,7 +47,7 @@ def diagnosis(
     ``{kind: {"out", "aux", "tokens_grad", "grads"}}`` of :mod:`~nemo_dist.conformance.moe.variants`; these two on
     the suite's own layer only.
     """
-    out, aux, mine, want_out, want_aux, want_tokens = compared
+    out, aux, mine, want_out, want_aux, want_tokens, grads = compared
     wanted = dict(reference.named_parameters())
     names, params = list(wanted), list(wanted.values())
     device = _device()
@@ -56,8 +55,7 @@ def diagnosis(
         "out": (_cpu(out), _cpu(want_out)),
         "aux": None if aux is None or want_aux is None else (_cpu(aux), _cpu(want_aux)),
         "tokens_grad": (_cpu(grad_or_zeros(mine)), _cpu(want_tokens)),
-        "grads": {n: (_cpu(whole_grad(p, local.get(n), summed=summed)), _cpu(grad_or_zeros(wanted[n])))
-                  for n, p in layer.named_parameters() if n in wanted},
+        "grads": {n: (_cpu(got), _cpu(want)) for n, (got, want) in grads.items()},
     }
     values["pairs"] = _cpu(pair_contributions(reference, xs[me].to(device)))
     own_loss = layer_loss(reference, xs[me], projections[me])[0]
@@ -73,8 +71,7 @@ def diagnosis(
             for r, x in enumerate(xs):
                 tokens_r = mine_again if r == me else x.to(device)
                 o, a = variant_forward(reference, tokens_r, kind, held or (), every)
-                part = (o * projections[r].to(device)).sum() + AUX_WEIGHT * a
-                total = total + part
+                total = total + loss_of(o, a, projections[r])
                 if r == me:
                     mine_out, mine_aux = o, a
             grads = _param_grads(total, [*params, mine_again])

@@ -53,13 +53,21 @@ class TinyMoE(nn.Module):
         self.router = nn.Linear(dim, num_experts, dtype=torch.float64)
         self.experts = TinyExperts(num_experts, dim, hidden)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(output, aux_loss)`` for ``tokens`` ``[T, dim]``; T may be 0 (the loss is then 0)."""
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(scores, indices, weights)`` of ``tokens``: every expert's softmax score ``[T, E]``, the ``top_k``
+        chosen ``[T, k]`` and their scores renormalised ``[T, k]``."""
         scores = torch.softmax(self.router(tokens), dim=-1)
         top, indices = torch.topk(scores, self.top_k, dim=-1)
-        weights = top / top.sum(dim=-1, keepdim=True)
-        out = self.experts(tokens, indices, weights)
-        if tokens.shape[0] == 0:
-            return out, scores.sum() * 0
+        return scores, indices, top / top.sum(dim=-1, keepdim=True)
+
+    def load_balance_loss(self, scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Switch's load-balance loss of a :meth:`route`'s ``scores`` and ``indices`` (0 for no tokens)."""
+        if scores.shape[0] == 0:
+            return scores.sum() * 0
         share = torch.bincount(indices.reshape(-1), minlength=self.num_experts).to(scores.dtype) / indices.numel()
-        return out, self.num_experts * (share * scores.mean(dim=0)).sum()
+        return self.num_experts * (share * scores.mean(dim=0)).sum()
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(output, aux_loss)`` for ``tokens`` ``[T, dim]``; T may be 0 (the loss is then 0)."""
+        scores, indices, weights = self.route(tokens)
+        return self.experts(tokens, indices, weights), self.load_balance_loss(scores, indices)

@@ -177,14 +177,12 @@ def run(
     found["aux"] = None if aux is None or want_aux is None else difference(full(aux), want_aux)
     found["has_aux"] = aux is not None
     wanted = dict(reference.named_parameters())
-    found["grads"] = {
-        name: difference(whole_grad(p, local.get(name), summed=not recipe.composed), grad_or_zeros(wanted[name]))
-        for name, p in layer.named_parameters() if name in wanted
-    }
+    grads = {name: (whole_grad(p, local.get(name), summed=not recipe.composed), grad_or_zeros(wanted[name]))
+             for name, p in layer.named_parameters() if name in wanted}
+    found["grads"] = {name: difference(got, want) for name, (got, want) in grads.items()}
     if diagnose:
         found["values"] = diagnosis(reference, layer, local, xs, projections, me,
-                                    (out, aux, mine, want_out, want_aux, want_tokens),
-                                    summed=not recipe.composed, divisor=recipe.divisor)
+                                    (out, aux, mine, want_out, want_aux, want_tokens, grads), divisor=recipe.divisor)
     found["steps"] = _train(layer, reference, xs, projections, steps, me, local, recipe)
     found["replicated_digests"] = {
         name: digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from nemo_dist.conformance.ddp.sharded import full
 from nemo_dist.conformance.ddp.sharded import whole_grad as sharded_whole_grad
 from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.moe.local import LocalRows
@@ -32,15 +33,12 @@ __all__ = [
     "held_experts",
     "layer_loss",
     "local_part",
+    "loss_of",
     "placements_of",
     "shard_digests",
     "whole",
     "whole_grad",
 ]
-
-
-def full(tensor: Any) -> torch.Tensor:
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def difference(got: torch.Tensor, want: torch.Tensor) -> float | None:
@@ -76,16 +74,24 @@ def whole_grad(param: nn.Parameter, rows: LocalRows | None, summed: bool = True)
 
 
 def grad_or_zeros(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s gradient, or zeros of its shape where it has none."""
     return torch.zeros_like(tensor) if tensor.grad is None else tensor.grad
 
 
-def layer_loss(layer: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
-    out, aux = outputs(layer(x.to(_device())))
+def loss_of(out: Any, aux: Any, projection: torch.Tensor) -> torch.Tensor:
+    """The loss every check backpropagates: ``sum(output * projection) + AUX_WEIGHT * aux`` (no aux: the sum)."""
     loss = (full(out) * projection.to(_device())).sum()
-    return (loss if aux is None else loss + AUX_WEIGHT * full(aux)), out, aux
+    return loss if aux is None else loss + AUX_WEIGHT * full(aux)
+
+
+def layer_loss(layer: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """``layer`` called on tokens ``x``: ``(loss_of its outputs, output, aux_loss or None)``."""
+    out, aux = outputs(layer(x.to(_device())))
+    return loss_of(out, aux, projection), out, aux
 
 
 def placements_of(layer: nn.Module, local: dict[str, LocalRows]) -> dict[str, str]:
+    """How each parameter of ``layer`` is held: ``Shard(0)``, other DTensor placements, rank-local rows, ``plain``."""
     return {
         name: ("Shard(0)" if [repr(p) for p in param.placements] == ["Shard(dim=0)"] else
                ",".join(repr(p) for p in param.placements)) if isinstance(param, DTensor)

@@ -34,14 +34,6 @@ __all__ = ["VARIANTS", "pair_contributions", "variant_forward"]
 VARIANTS = ("weights_twice", "weights_detached", "dispatch_detached", "own_experts_only", "aux_over_all_tokens")
 
 
-def _aux(layer: TinyMoE, scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """Switch's load-balance loss of ``scores`` and ``indices``, as :class:`TinyMoE` takes it."""
-    if scores.shape[0] == 0:
-        return scores.sum() * 0
-    share = torch.bincount(indices.reshape(-1), minlength=layer.num_experts).to(scores.dtype) / indices.numel()
-    return layer.num_experts * (share * scores.mean(dim=0)).sum()
-
-
 def variant_forward(
     layer: nn.Module, tokens: torch.Tensor, kind: str, held: Sequence[int] = (), every: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,9 +44,7 @@ def variant_forward(
     """
     if not isinstance(layer, TinyMoE) or kind not in VARIANTS:
         raise ValueError(f"no variant {kind!r} of {type(layer).__name__}")
-    scores = torch.softmax(layer.router(tokens), dim=-1)
-    top, indices = torch.topk(scores, layer.top_k, dim=-1)
-    weights = top / top.sum(dim=-1, keepdim=True)
+    scores, indices, weights = layer.route(tokens)
     if kind == "weights_twice":
         weights = weights * weights
     elif kind == "weights_detached":
@@ -71,9 +61,8 @@ def variant_forward(
     out = expert_outputs(rows, experts, layer.experts.w1, layer.experts.w2)
     out = tokens.new_zeros(tokens.shape).index_add(0, pairs, out * weights.reshape(-1, 1))
     if kind == "aux_over_all_tokens" and every is not None:
-        all_scores = torch.softmax(layer.router(every), dim=-1)
-        return out, _aux(layer, all_scores, torch.topk(all_scores, layer.top_k, dim=-1).indices)
-    return out, _aux(layer, scores, indices)
+        scores, indices, _ = layer.route(every)
+    return out, layer.load_balance_loss(scores, indices)
 
 
 def pair_contributions(layer: nn.Module, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -82,9 +71,7 @@ def pair_contributions(layer: nn.Module, tokens: torch.Tensor) -> torch.Tensor |
     if not isinstance(layer, TinyMoE):
         return None
     with torch.no_grad():
-        scores = torch.softmax(layer.router(tokens), dim=-1)
-        top, indices = torch.topk(scores, layer.top_k, dim=-1)
-        weights = top / top.sum(dim=-1, keepdim=True)
+        _, indices, weights = layer.route(tokens)
         k = indices.shape[1]
         pairs = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(k)
         out = expert_outputs(tokens[pairs], indices.reshape(-1), layer.experts.w1, layer.experts.w2)
