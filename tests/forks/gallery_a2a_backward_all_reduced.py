@@ -13,14 +13,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.forks import gallery_a2a_deepspeed
 from tests.forks._all_to_all import exchange
 
 
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, group: Any, input: torch.Tensor) -> torch.Tensor:
-        ctx.group = group
-        return exchange(input, None, None, group)
+class _AllToAll(gallery_a2a_deepspeed._AllToAll):
+    """DeepSpeed's equal-split exchange forward; a backward that all-reduces what it routes."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
