@@ -10,6 +10,14 @@ run it there, and bring the result back
 a plain parameter on every rank: its gradient is each rank's share, summed by
 the data-parallel reduction the training loop already has (FSDP2 or DDP over
 the same ranks).
+
+Given a 2-D mesh named ``("edp", "ep")`` instead, expert parallelism is
+borrowed from data parallelism as training composes it: the experts are
+sharded over the ``ep`` sub-mesh, tokens dispatched within each expert group,
+and the layer makes its own data-parallel reductions after each backward:
+every expert gradient summed over its expert-data-parallel replicas
+(``edp``), every other gradient summed over the world. Each rank holds its own
+tokens; the result is one process's gradient of the summed loss.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import types
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
@@ -55,20 +64,42 @@ def _forward(self: nn.Module, tokens: torch.Tensor, indices: torch.Tensor, weigh
     return tokens.new_zeros(tokens.shape).index_add(0, pairs, out * weights.reshape(-1, 1))
 
 
-def parallelize_experts(layer: nn.Module, ep_mesh: Any) -> nn.Module:
-    """Shard ``layer.experts``' ``w1``/``w2`` ``Shard(0)`` over ``ep_mesh`` (1-D) and dispatch tokens to them.
+def _sum_after_backward(param: nn.Parameter, group: Any) -> None:
+    """After each backward, sum ``param``'s local gradient (a DTensor's local shard) over ``group``."""
 
-    The number of experts must split evenly over the mesh (``ValueError``
-    naming both, raised before anything is sharded, on every rank alike).
-    Returns ``layer``, changed in place.
+    def reduce(p: torch.Tensor) -> None:
+        assert p.grad is not None  # the hook runs once a gradient was accumulated
+        dist.all_reduce(_local(p.grad), group=group)
+
+    param.register_post_accumulate_grad_hook(reduce)
+
+
+def parallelize_experts(layer: nn.Module, ep_mesh: Any) -> nn.Module:
+    """Shard ``layer.experts``' ``w1``/``w2`` ``Shard(0)`` over the expert-parallel mesh and dispatch tokens to them.
+
+    ``ep_mesh`` is 1-D (the experts over all of it; the other parameters' gradients left to the training loop's
+    data-parallel reduction), or 2-D named ``("edp", "ep")``: the experts over ``ep_mesh["ep"]``, and after each
+    backward every expert gradient summed over ``edp`` and every other gradient over the world (the layer's
+    data parallelism is its own). The number of experts must split evenly over ep (``ValueError`` naming both,
+    raised before anything is sharded, on every rank alike). Returns ``layer``, changed in place.
     """
+    composed = ep_mesh.ndim == 2
+    if ep_mesh.ndim not in (1, 2) or (composed and tuple(ep_mesh.mesh_dim_names or ()) != ("edp", "ep")):
+        raise ValueError(f"parallelize_experts: expects a 1-D mesh or a 2-D one named ('edp', 'ep'); got "
+                         f"{ep_mesh.ndim} dims named {ep_mesh.mesh_dim_names}")
+    experts_mesh = ep_mesh["ep"] if composed else ep_mesh
     experts = layer.get_submodule("experts")
-    count, size = experts.get_parameter("w1").shape[0], ep_mesh.size()
+    count, size = experts.get_parameter("w1").shape[0], experts_mesh.size()
     if count % size:
         raise ValueError(f"parallelize_experts: {count} experts do not split over an expert-parallel mesh of {size}")
     for name in ("w1", "w2"):
         weight = getattr(experts, name)
-        setattr(experts, name, nn.Parameter(distribute_tensor(weight.detach(), ep_mesh, [Shard(0)])))
-    experts.ep_group = ep_mesh.get_group()
+        setattr(experts, name, nn.Parameter(distribute_tensor(weight.detach(), experts_mesh, [Shard(0)])))
+    experts.ep_group = experts_mesh.get_group()
     experts.forward = types.MethodType(_forward, experts)
+    if composed:
+        expert_params = {id(p) for p in experts.parameters()}
+        for param in layer.parameters():
+            group = ep_mesh["edp"].get_group() if id(param) in expert_params else dist.group.WORLD
+            _sum_after_backward(param, group)
     return layer

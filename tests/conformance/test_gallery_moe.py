@@ -24,6 +24,7 @@ from nemo_dist.testing.plugin import WorldFactory
 from tests import targets
 
 G = "tests.forks.gallery_moe_"
+BUNDLED = "nemo_dist.distributed.expert_parallel:parallelize_experts"
 FORWARD, GRADIENTS = "moe.forward_equals_one_process", "moe.gradients_equal_one_process"
 TRAINS, SHARDED = "moe.trains_like_one_process", "moe.experts_sharded_over_ep"
 
@@ -57,7 +58,9 @@ def _cause(text: str) -> str:
 COMPOSED_MEAN = {"moe_mesh": "edp,ep", "moe_reduction": "mean"}
 
 GALLERY: dict[str, Row] = {
-    "bundled": Row("nemo_dist.distributed.expert_parallel:parallelize_experts"),
+    "bundled": Row(BUNDLED),
+    # The bundled run's form: the same function given the (edp, ep) mesh makes its own data-parallel reductions.
+    "bundled_composed": Row(BUNDLED, options={"moe_mesh": "edp,ep"}),
     "torchtitan": Row(G + "torchtitan:apply_ep"),
     "allgather_allreduce": Row(G + "allgather_allreduce:apply_ep"),
     "router_detached": Row(

@@ -91,9 +91,10 @@ TARGET = SuiteTarget(
     component="moe",
     fields=("moe_fn", "moe_layer", "moe_compute_dtype", "moe_mesh", "moe_reduction", "moe_loss_scale",
             "moe_after_backward"),
-    reference={"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts"},
+    # The bundled run checks the bundled layer as training composes it: ep borrowed from data parallelism.
+    reference={"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts", "moe_mesh": "edp,ep"},
     presets={
-        "nemo_dist": {"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts"},
+        "nemo_dist": {"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts", "moe_mesh": "edp,ep"},
     },
     label_fields=("moe_fn",),
     validate="nemo_dist.conformance.moe.target:validate",
