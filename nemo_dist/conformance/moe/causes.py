@@ -172,7 +172,8 @@ def _factor(pairs: Sequence[tuple[torch.Tensor | None, torch.Tensor | None]], al
 
 #: What each named size is, for a factor's words.
 _SIZE_WORDS = {"W": "the world, the data-parallel size", "ep": "the expert-parallel size",
-               "edp": "the expert-data-parallel size, each expert's replicas"}
+               "edp": "the expert-data-parallel size, each expert's replicas",
+               "tp": "the tensor-parallel size, the ranks that share a batch", "dp": "the data-parallel size"}
 
 
 def _implied(factor: float, sizes: dict[str, int]) -> str:
@@ -182,7 +183,8 @@ def _implied(factor: float, sizes: dict[str, int]) -> str:
         names = [n for n, v in sizes.items() if v > 1 and abs((1 / factor if inverse else factor) - v) <= 1e-6 * v]
         if names:
             named = " = ".join(names) + f" = {sizes[names[0]]}"
-            return f" ({sign} {named}: {'; '.join(_SIZE_WORDS[n] for n in names)}; {what})"
+            words = [_SIZE_WORDS[n] if n != "W" or "dp" not in sizes else "the world" for n in names]
+            return f" ({sign} {named}: {'; '.join(words)}; {what})"
     return ""
 
 

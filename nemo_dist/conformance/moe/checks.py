@@ -33,7 +33,16 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
 from nemo_dist.conformance.moe.causes import forward_cause, gradient_cause
-from nemo_dist.conformance.moe.target import Layout, build_layer, composed, layouts, tolerance
+from nemo_dist.conformance.moe.target import (
+    Layout,
+    batches,
+    build_layer,
+    composed,
+    describe_layout,
+    layouts,
+    tolerance,
+    tp_size,
+)
 from nemo_dist.conformance.registry import WorldLike, WorldRule, check, failure
 
 __all__ = [
@@ -71,12 +80,12 @@ SHARDING_CHANGED = (
 
 @dataclass(frozen=True)
 class Scenario:
-    """One run of the layer: ``counts[r]`` tokens on rank r, the router steered off the ``muted`` experts, in a
-    composition's ``layout`` ``(edp, ep)`` (None: the 1-D ep mesh)."""
+    """One run of the layer: ``counts[b]`` tokens in batch b (rank b's, or with tensor parallelism the tp group
+    b's), the router steered off the ``muted`` experts, in a composition's ``layout`` (None: the 1-D ep mesh)."""
 
     counts: tuple[int, ...]
     muted: tuple[int, ...] = ()
-    layout: tuple[int, int] | None = None
+    layout: Layout = None
 
     def seed(self) -> int:
         """The seed the layer and the tokens are made from."""
@@ -85,8 +94,8 @@ class Scenario:
     def describe(self, reports: list[dict[str, Any]] | None = None) -> str:
         """The layout, ``tokens per rank [...]``, the muted experts, and the pairs each rank received where the
         ranks know."""
-        text = "" if self.layout is None else f"edp {self.layout[0]} x ep {self.layout[1]}, "
-        text += f"tokens per rank {list(self.counts)}"
+        text = "" if self.layout is None else f"{describe_layout(self.layout)}, "
+        text += f"tokens per {'tp group' if tp_size(self.layout) > 1 else 'rank'} {list(self.counts)}"
         if self.muted:
             text += f", router steered off experts {list(self.muted)}"
         pairs = [f.get("received_pairs") for f in reports or []]
@@ -126,8 +135,8 @@ _DIAGNOSES: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]]] = {
 
 
 def world_layouts(world: WorldLike, impl: Implementation) -> list[Layout]:
-    """The layouts this world runs: the 1-D ep mesh, or every ``(edp, ep)`` of a composition (whose experts the
-    layer, built here once, says)."""
+    """The layouts this world runs: the 1-D ep mesh, or every layout of a composition (whose experts the layer,
+    built here once, says)."""
     if not composed(impl):
         return [None]
     if impl not in _EXPERTS:
@@ -156,29 +165,31 @@ def _steering(placed: Placed) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def edge_scenarios(world: WorldLike, impl: Implementation) -> list[Scenario]:
-    """The scenarios every world runs first, in each layout. With 2+ ranks: rank 0 with no tokens (so it sends
-    nothing) while the last rank, which has tokens, receives no pair; then every token on the last rank and every
-    pair sent to rank 0 (so every other rank receives nothing). Where the routing cannot be steered the token
-    counts alone are kept."""
-    size = world.size
-    if size == 1:
-        return [Scenario((5,), (), layout) for layout in world_layouts(world, impl)]
-    found = []
+    """The scenarios every world runs first, in each layout. With 2+ batches (ranks, or tp groups): batch 0 empty
+    (so its ranks send nothing) while the last rank, which has tokens, receives no pair; then every token in the
+    last batch and every pair sent to rank 0 (so every other rank receives nothing). One batch: 5 tokens, and
+    where the routing can be steered every pair sent to rank 0. Where it cannot, the token counts alone are
+    kept."""
+    found: list[Scenario] = []
     for layout in world_layouts(world, impl):
-        avoid_last, only_first = _steering(_placed(world, impl, layout))
-        found.append(Scenario(NO_TOKENS_ON_RANK_0[:size], avoid_last, layout))
-        found.append(Scenario((0,) * (size - 1) + (4,), only_first, layout))
+        held = batches(layout, world.size)
+        avoid_last, only_first = _steering(_placed(world, impl, layout)) if world.size > 1 else ((), ())
+        if held == 1:
+            found.extend(dict.fromkeys([Scenario((5,), (), layout), Scenario((5,), only_first, layout)]))
+            continue
+        found.append(Scenario(NO_TOKENS_ON_RANK_0[:held], avoid_last, layout))
+        found.append(Scenario((0,) * (held - 1) + (4,), only_first, layout))
     return found
 
 
 def _drawn(world: WorldLike, impl: Implementation) -> st.SearchStrategy[Scenario]:
-    """Scenarios hypothesis draws: a layout, 0-6 tokens a rank, at least one in all (a batch of no token anywhere
+    """Scenarios hypothesis draws: a layout, 0-6 tokens a batch, at least one in all (a world of no token anywhere
     has no loss to take a gradient of); where steerable, no expert muted, a rank's experts muted, all but a rank's
     muted, or any set that leaves ``top_k``."""
-    size = world.size
-    counts = st.lists(st.integers(0, 6), min_size=size, max_size=size).filter(any).map(tuple)
 
     def in_layout(layout: Layout) -> st.SearchStrategy[Scenario]:
+        held = batches(layout, world.size)
+        counts = st.lists(st.integers(0, 6), min_size=held, max_size=held).filter(any).map(tuple)
         placed = _placed(world, impl, layout)
         if placed.routing is None:
             return st.builds(Scenario, counts, st.just(()), st.just(layout))
@@ -260,7 +271,7 @@ def _proven(world: WorldLike, impl: Implementation, failed: Scenario, diagnose: 
     that give the same values there: a rank whose tokens reach no expert of its own cannot tell a detached
     dispatch from a gather that keeps its own experts' part), the first of :data:`MIXED` (every rank's tokens
     routed freely) and the layout's other edge scenarios that tells them apart; "" where nothing is proven."""
-    mixed = Scenario(MIXED[: world.size], (), failed.layout)
+    mixed = Scenario(MIXED[: batches(failed.layout, world.size)], (), failed.layout)
     others = [s for s in (mixed, *edge_scenarios(world, impl)) if s.layout == failed.layout and s != failed]
     for scenario in (failed, *others):
         try:
@@ -273,8 +284,14 @@ def _proven(world: WorldLike, impl: Implementation, failed: Scenario, diagnose: 
 
 
 def _sizes(size: int, layout: Layout) -> dict[str, int]:
-    """The sizes an exact factor is named against: the world (W), ep (the world on the 1-D mesh) and edp."""
-    return {"W": size, "ep": size} if layout is None else {"W": size, "ep": layout[1], "edp": layout[0]}
+    """The sizes an exact factor is named against: the world (W), ep (the world on the 1-D mesh), edp, and with
+    tensor parallelism tp and the data-parallel size dp (W / tp)."""
+    if layout is None:
+        return {"W": size, "ep": size}
+    found = {"W": size, "ep": layout[1], "edp": layout[0]}
+    if len(layout) > 2:
+        found.update(tp=layout[2], dp=size // layout[2])
+    return found
 
 
 def _diagnosis(world: WorldLike, impl: Implementation, scenario: Scenario) -> list[dict[str, Any]]:
@@ -394,7 +411,7 @@ def experts_sharded_over_ep(world: WorldLike, impl: Implementation) -> None:
     layer's, every one held as often as the layout replicates it, and sharding kept every weight; in every layout."""
     for layout in world_layouts(world, impl):
         reports = _placed(world, impl, layout).probes
-        where = "" if layout is None else f"edp {layout[0]} x ep {layout[1]}: "
+        where = "" if layout is None else f"{describe_layout(layout)}: "
         found = reports[0]
         if isinstance(found["placements"], str):
             raise AssertionError(f"{where}the target raised applying expert parallelism: {found['placements']}")
@@ -424,6 +441,6 @@ def prepare(world: WorldLike, impl: Implementation, notes: list[str]) -> Impleme
         found = _placed(world, impl, layout).placements[0]
         if isinstance(found, dict):
             shown = ", ".join(f"{n} {p}" for n, p in found.items())
-            where = "" if layout is None else f" (edp {layout[0]} x ep {layout[1]})"
+            where = "" if layout is None else f" ({describe_layout(layout)})"
             notes.append(f"moe placements in a world of {world.size}{where}: {shown}")
     return impl

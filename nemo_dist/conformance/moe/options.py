@@ -50,38 +50,44 @@ OPTIONS: tuple[Option, ...] = (
     ),
 
     Option(
-        "--moe-mesh", metavar="DIMS", choices=("ep", "edp,ep"),
+        "--moe-mesh", metavar="DIMS", choices=("ep", "edp,ep", "edp,ep,tp"),
         help="the mesh {opt:moe_fn} is given: ep (a 1-D mesh over the world; the suite sums replicated gradients "
-        "over the world itself) or edp,ep (ep borrowed from data parallelism: every layout edp x ep of the world, "
-        "expert groups of one rank and of more; the target makes every reduction itself, as training does)",
+        "over the world itself), edp,ep (ep borrowed from data parallelism: every layout edp x ep of the world, "
+        "expert groups of one rank and of more; the target makes every reduction itself, as training does) or "
+        "edp,ep,tp (the same with tensor parallelism: every layout edp x ep x tp, the ranks of a tp group sharing "
+        "one batch of tokens)",
         docs=(Doc(_MOE, "the mesh `--moe-fn` is given: `ep` (default: a 1-D mesh over the world; the suite sums "
-                        "replicated gradients over the world as a training loop's data parallelism would) or "
+                        "replicated gradients over the world as a training loop's data parallelism would), "
                         "`edp,ep` (ep borrowed from data parallelism, as torchtitan and upstream compose it: a 2-D "
                         "mesh named `(\"edp\", \"ep\")` for every layout `edp x ep` of the world whose ep divides "
                         "the experts, every rank its own tokens; the target makes every reduction, dense and "
-                        "expert, itself)"),),
+                        "expert, itself) or `edp,ep,tp` (the same with tensor parallelism: a 3-D mesh named "
+                        "`(\"edp\", \"ep\", \"tp\")` for every layout `edp x ep x tp`, the ranks of a tp group "
+                        "consecutive and sharing one batch of tokens, as a TP block's input is replicated)"),),
     ),
     Option(
         "--moe-reduction", metavar="MODE", choices=("mean", "sum"),
-        help="under {opt:moe_mesh} edp,ep, what the target's reductions make of the ranks' gradients: sum (default) or "
-        "mean (divided by the world size, every parameter alike)",
-        docs=(Doc(_MOE, "under `--moe-mesh edp,ep`, what the target's reductions make of every rank's gradients: "
-                        "`sum` (default) or `mean` (divided by the data-parallel size, the world, every parameter "
-                        "alike)"),),
+        help="under a composed {opt:moe_mesh}, what the target's reductions make of the ranks' gradients: sum "
+        "(default) or mean (divided by the data-parallel size, the world over tp, every parameter alike)",
+        docs=(Doc(_MOE, "under a composed `--moe-mesh`, what the target's reductions make of every rank's "
+                        "gradients: `sum` (default) or `mean` (divided by the data-parallel size, the world over "
+                        "tp, every parameter alike)"),),
     ),
     Option(
         "--moe-loss-scale", metavar="FACTOR",
-        help="under {opt:moe_mesh} edp,ep, what each rank's loss is multiplied by before backward, as the training "
-        "recipe does: a number, or @world, @ep or @edp of the layout (default 1)",
-        docs=(Doc(_MOE, "under `--moe-mesh edp,ep`, what each rank's loss is multiplied by before backward, as "
+        help="under a composed {opt:moe_mesh}, what each rank's loss is multiplied by before backward, as the "
+        "training recipe does: a number, or @world, @dp (the world over tp), @edp, @ep or @tp of the layout "
+        "(default 1)",
+        docs=(Doc(_MOE, "under a composed `--moe-mesh`, what each rank's loss is multiplied by before backward, as "
                         "the training recipe does (upstream multiplies by the data-parallel size): a number, or "
-                        "`@world`, `@ep` or `@edp` of the layout (default 1); `--moe-after-backward` undoes it"),),
+                        "`@world`, `@dp` (the world over tp), `@edp`, `@ep` or `@tp` of the layout (default 1); "
+                        "`--moe-after-backward` undoes it"),),
     ),
     Option(
         "--moe-after-backward", metavar="MODULE:NAME",
-        help="under {opt:moe_mesh} edp,ep, a step the training loop takes after every backward, called as "
+        help="under a composed {opt:moe_mesh}, a step the training loop takes after every backward, called as "
         "fn(layer, mesh) (a gradient scaling, a reduction of its own)",
-        docs=(Doc(_MOE, "under `--moe-mesh edp,ep`, a step your training loop takes after every backward, called "
+        docs=(Doc(_MOE, "under a composed `--moe-mesh`, a step your training loop takes after every backward, called "
                         "as `fn(layer, mesh)` (upstream's gradient scaling, a reduction the target leaves to the "
                         "loop)"),),
     ),

@@ -13,7 +13,10 @@ it over the world (the data-parallel reduction a training loop adds). Under
 a composition (``--moe-mesh edp,ep``, a layout ``(edp, ep)``) the target
 makes every reduction itself: each rank's loss is multiplied by the declared
 scale, the declared after-backward step runs, and every gradient must be one
-process's sum, divided by the world under ``--moe-reduction mean``.
+process's sum, divided by the data-parallel size under ``--moe-reduction
+mean``. With tensor parallelism (``edp,ep,tp``) the ranks of a tensor-parallel
+group share one batch (the tokens a TP block's input replicates), so the world
+holds ``W / tp`` batches and one process sums the loss over those.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from nemo_dist.conformance.moe.reading import (
 from nemo_dist.conformance.moe.target import (
     Layout,
     after_backward,
+    batches,
     build_layer,
     dim_of,
     loss_scale,
@@ -56,6 +60,7 @@ from nemo_dist.conformance.moe.target import (
     routed_experts,
     steer,
     steerable,
+    tp_size,
 )
 
 __all__ = ["placements", "run", "tokens"]
@@ -64,14 +69,14 @@ _MESHES: dict[tuple[str, int, Layout], Any] = {}
 
 
 def _mesh(layout: Layout) -> Any:
-    """The mesh the target is given: 1-D ``("ep",)`` over the world, or ``(edp, ep)`` named ``("edp", "ep")`` (made
-    once per world and layout: a mesh creates process groups)."""
+    """The mesh the target is given: 1-D ``("ep",)`` over the world, or the layout's shape named ``("edp", "ep")``
+    or ``("edp", "ep", "tp")`` (made once per world and layout: a mesh creates process groups)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     device = _device().type
     key = (device, dist.get_world_size(), layout)
     if key not in _MESHES:
-        shape, names = ((key[1],), ("ep",)) if layout is None else (layout, ("edp", "ep"))
+        shape, names = ((key[1],), ("ep",)) if layout is None else (layout, ("edp", "ep", "tp")[: len(layout)])
         _MESHES[key] = init_device_mesh(device, shape, mesh_dim_names=names)
     return _MESHES[key]
 
@@ -128,15 +133,18 @@ def run(
 ) -> dict[str, Any]:
     """One example: forward, backward and ``steps`` of the expert-parallel layer and of one process; what differs.
 
-    ``counts[r]`` tokens on rank r; ``muted`` experts the router is steered away from (:func:`~.target.steer`), so
-    that chosen ranks receive no (token, expert) pair; ``layout`` a composition's ``(edp, ep)`` (None: the 1-D ep
-    mesh). The target's errors are not caught: a rank that raises shows its exception (the harness reports every
-    rank's), and the ranks it leaves waiting are reported stuck, not hung. ``received_pairs`` is how many pairs one
+    ``counts[b]`` tokens in batch b, the batch of rank b (of the ranks ``b * tp ...`` under tensor parallelism);
+    ``muted`` experts the router is steered away from (:func:`~.target.steer`), so that chosen ranks receive no
+    (token, expert) pair; ``layout`` a composition's (None: the 1-D ep mesh). The target's errors are not caught:
+    a rank that raises shows its exception (the harness reports every rank's), and the ranks it leaves waiting are
+    reported stuck, not hung. ``received_pairs`` is how many pairs one
     process routes to the experts this rank holds (None where the layer's routing or placement cannot be read).
     With ``diagnose``, ``values`` holds what was compared and what one process gives with each known bug built in
     (:func:`~.evidence.diagnosis`).
     """
-    me, size = dist.get_rank(), dist.get_world_size()
+    size = dist.get_world_size()
+    batch = dist.get_rank() // tp_size(layout)  # the batch this rank holds
+    assert len(counts) == batches(layout, size), "a count per batch"
     mesh = _mesh(layout)
     recipe = _Recipe(impl, layout, mesh, loss_scale(impl, layout, size), mean_divisor(impl, layout, size))
     reference = build_layer(impl, seed).to(_device())
@@ -147,7 +155,7 @@ def run(
     dim = dim_of(reference)
     xs = [tokens(seed, r, n, dim) for r, n in enumerate(counts)]
     projections = [tokens(seed, r, n, dim, salt=1) for r, n in enumerate(counts)]
-    local, found_problems = find(layer, before, replicas=1 if layout is None else layout[0])
+    local, found_problems = find(layer, before, replicas=_replicas(layout))
     found: dict[str, Any] = {
         "placements": placements_of(layer, local), "chunks_wrong": chunks_match(layer),
         "local_problems": found_problems, "received_pairs": _received_pairs(reference, layer, local, xs),
@@ -156,8 +164,8 @@ def run(
         name: difference(whole(p, local.get(name)), before[name]) for name, p in layer.named_parameters()
         if name in before
     }
-    mine = xs[me].clone().requires_grad_(True)
-    loss, out, aux = layer_loss(layer, mine, projections[me])
+    mine = xs[batch].clone().requires_grad_(True)
+    loss, out, aux = layer_loss(layer, mine, projections[batch])
     recipe.backward(layer, loss)
     reference_loss = torch.zeros((), dtype=torch.float64, device=_device())
     want_out = want_aux = None
@@ -165,13 +173,13 @@ def run(
     for r in range(len(counts)):
         part, o, a = layer_loss(reference, theirs[r], projections[r])
         reference_loss = reference_loss + part
-        if r == me:
+        if r == batch:
             want_out, want_aux = o, a
     reference_loss.backward()
     recipe.expected(reference)
     assert want_out is not None
     # A rank's tokens' gradient is never reduced: it carries the loss's scale and nothing else.
-    want_tokens = grad_or_zeros(theirs[me]) * recipe.scale
+    want_tokens = grad_or_zeros(theirs[batch]) * recipe.scale
     found["tokens_grad"] = difference(grad_or_zeros(mine), want_tokens)
     found["out"] = difference(full(out), want_out)
     found["aux"] = None if aux is None or want_aux is None else difference(full(aux), want_aux)
@@ -181,15 +189,20 @@ def run(
              for name, p in layer.named_parameters() if name in wanted}
     found["grads"] = {name: difference(got, want) for name, (got, want) in grads.items()}
     if diagnose:
-        found["values"] = diagnosis(reference, layer, local, xs, projections, me,
+        found["values"] = diagnosis(reference, layer, local, xs, projections, batch,
                                     (out, aux, mine, want_out, want_aux, want_tokens, grads), divisor=recipe.divisor)
-    found["steps"] = _train(layer, reference, xs, projections, steps, me, local, recipe)
+    found["steps"] = _train(layer, reference, xs, projections, steps, batch, local, recipe)
     found["replicated_digests"] = {
         name: digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()
         if name not in local and (not isinstance(p, DTensor) or not any(pl.is_shard() for pl in p.placements))
     }
     found["shard_digests"] = shard_digests(layer, local)
     return found
+
+
+def _replicas(layout: Layout) -> int:
+    """How many ranks hold each expert in ``layout``: its edp times its tp (1 on the 1-D mesh)."""
+    return 1 if layout is None else layout[0] * tp_size(layout)
 
 
 def _received_pairs(
@@ -215,7 +228,7 @@ def _optimizer(kind: str, layer: nn.Module) -> torch.optim.Optimizer:
 
 def _train(
     layer: nn.Module, reference: nn.Module, xs: list[torch.Tensor], projections: list[torch.Tensor],
-    steps: Sequence[tuple[str, int]], me: int, local: dict[str, LocalRows], recipe: _Recipe,
+    steps: Sequence[tuple[str, int]], batch: int, local: dict[str, LocalRows], recipe: _Recipe,
 ) -> dict[str, float | None]:
     """``steps`` (optimizer, count) on both, from the gradients of the backward already taken; what differs after."""
     for kind, count in steps:
@@ -227,7 +240,7 @@ def _train(
             opt.zero_grad()
             ref_opt.zero_grad()
             # The tokens require grad, as a layer's input does in a model (it carries the earlier layers' gradient).
-            recipe.backward(layer, layer_loss(layer, xs[me].clone().requires_grad_(True), projections[me])[0])
+            recipe.backward(layer, layer_loss(layer, xs[batch].clone().requires_grad_(True), projections[batch])[0])
             sum(layer_loss(reference, xs[r], projections[r])[0] for r in range(len(xs))).backward()  # type: ignore[union-attr]
             recipe.expected(reference)
     reference_params = dict(reference.named_parameters())
@@ -249,7 +262,7 @@ def placements(impl: Implementation, layout: Layout = None) -> dict[str, Any]:
         layer = parallelize(impl, layer, _mesh(layout))
     except Exception as exc:  # reported by the checks, which run it again
         return {"placements": f"{type(exc).__name__}: {exc}", "held": None, "routing": routing}
-    local, problems = find(layer, start, replicas=1 if layout is None else layout[0])
+    local, problems = find(layer, start, replicas=_replicas(layout))
     held = held_experts(layer, local, experts) if isinstance(experts, int) else None
     return {
         "placements": placements_of(layer, local), "held": held, "routing": routing,

@@ -4,7 +4,10 @@ The target is a function ``(moe_layer, ep_mesh) -> layer`` (``--moe-fn``;
 None back: changed in place) applied to a copy of the unsharded layer: the
 suite's :class:`~nemo_dist.conformance.moe.layer.TinyMoE`, or the
 ``--moe-layer`` factory's. ``ep_mesh`` is a 1-D ``DeviceMesh`` named
-``("ep",)`` over the whole world on the backend's device type.
+``("ep",)`` over the whole world on the backend's device type, or under a
+composition (``--moe-mesh``) one named ``("edp", "ep")`` or ``("edp", "ep",
+"tp")`` in the layout's shape, ranks in row-major order: the ranks of a
+tensor-parallel group are consecutive, and share one batch of tokens.
 """
 
 from __future__ import annotations
@@ -22,17 +25,20 @@ from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.moe.layer import TinyMoE
 from nemo_dist.conformance.wrapping import DTYPES
 
-__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "MESHES", "MUTE", "REDUCTIONS", "Layout", "after_backward",
-           "build_layer", "composed", "dim_of", "dtype_tolerance", "layouts", "loss_scale", "mean_divisor", "outputs",
-           "parallelize", "routed_experts", "steer", "steerable", "tolerance", "validate"]
+__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "LOSS_SCALES", "MESHES", "MUTE", "REDUCTIONS", "Layout",
+           "after_backward", "batches", "build_layer", "composed", "describe_layout", "dim_of", "dtype_tolerance",
+           "layouts", "loss_scale", "mean_divisor", "outputs", "parallelize", "routed_experts", "steer", "steerable",
+           "tolerance", "tp_size", "validate"]
 
-#: ``--moe-mesh``'s values: the 1-D ep mesh, or ep borrowed from data parallelism.
-MESHES = ("ep", "edp,ep")
+#: ``--moe-mesh``'s values: the 1-D ep mesh, ep borrowed from data parallelism, and that with tensor parallelism.
+MESHES = ("ep", "edp,ep", "edp,ep,tp")
 #: ``--moe-reduction``'s values.
 REDUCTIONS = ("mean", "sum")
+#: ``--moe-loss-scale``'s named sizes of a layout (besides a number).
+LOSS_SCALES = ("@world", "@dp", "@edp", "@ep", "@tp")
 
-#: A composition's layout: ``(edp, ep)`` ranks (None: the 1-D ep mesh over the world).
-Layout = tuple[int, int] | None
+#: A composition's layout: ``(edp, ep)`` or ``(edp, ep, tp)`` ranks (None: the 1-D ep mesh over the world).
+Layout = tuple[int, ...] | None
 
 #: The auxiliary loss's weight in the loss every check backpropagates.
 AUX_WEIGHT = 0.25
@@ -127,16 +133,43 @@ def outputs(found: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def composed(impl: Implementation) -> bool:
-    """Whether ``--moe-mesh edp,ep`` declares a composition (the target makes every reduction itself)."""
-    return impl.suite_option("moe_mesh") == MESHES[1]
+    """Whether ``--moe-mesh`` declares a composition (``edp,ep`` or ``edp,ep,tp``: the target makes every
+    reduction itself)."""
+    return impl.suite_option("moe_mesh") in MESHES[1:]
 
 
 def layouts(impl: Implementation, size: int, experts: int) -> list[Layout]:
-    """The layouts a world of ``size`` runs: the 1-D mesh (``[None]``), or under a composition every ``(edp, ep)``
-    with ``edp * ep == size`` whose ep divides ``experts``, expert groups of one rank first."""
+    """The layouts a world of ``size`` runs: the 1-D mesh (``[None]``); under ``edp,ep`` every ``(edp, ep)`` with
+    ``edp * ep == size`` whose ep divides ``experts``, expert groups of one rank first; under ``edp,ep,tp`` every
+    such ``(edp, ep, tp)``, tensor-parallel groups of one rank first."""
     if not composed(impl):
         return [None]
-    return [(size // ep, ep) for ep in range(1, size + 1) if size % ep == 0 and experts % ep == 0]
+    with_tp = impl.suite_option("moe_mesh") == MESHES[2]
+    found: list[Layout] = []
+    for tp in range(1, size + 1) if with_tp else (1,):
+        dp = size // tp
+        for ep in range(1, dp + 1):
+            if size % tp == 0 and dp % ep == 0 and experts % ep == 0:
+                found.append((dp // ep, ep, tp) if with_tp else (dp // ep, ep))
+    return found
+
+
+def tp_size(layout: Layout) -> int:
+    """How many ranks of ``layout`` share one batch of tokens (its tensor-parallel size; 1 without a tp dim)."""
+    return layout[2] if layout is not None and len(layout) > 2 else 1
+
+
+def batches(layout: Layout, size: int) -> int:
+    """How many batches of tokens a world of ``size`` holds in ``layout``: its data-parallel size (the world over
+    tp). Rank r holds batch ``r // tp``: the ranks of a tensor-parallel group share theirs."""
+    return size // tp_size(layout)
+
+
+def describe_layout(layout: Layout) -> str:
+    """``edp 2 x ep 1`` or ``edp 1 x ep 1 x tp 2``; "" for the 1-D mesh."""
+    if layout is None:
+        return ""
+    return " x ".join(f"{name} {n}" for name, n in zip(("edp", "ep", "tp"), layout, strict=False))
 
 
 def loss_scale(impl: Implementation, layout: Layout, size: int) -> float:
@@ -144,14 +177,17 @@ def loss_scale(impl: Implementation, layout: Layout, size: int) -> float:
     declared = impl.suite_option("moe_loss_scale")
     if declared is None or layout is None:
         return 1.0
-    symbols = {"@world": size, "@edp": layout[0], "@ep": layout[1]}
+    symbols = {"@world": size, "@dp": batches(layout, size), "@edp": layout[0], "@ep": layout[1],
+               "@tp": tp_size(layout)}
     return float(symbols[declared]) if declared in symbols else float(declared)
 
 
 def mean_divisor(impl: Implementation, layout: Layout, size: int) -> float:
-    """What one process's summed gradient is divided by to give the expected one: the world under a composition
-    declared ``--moe-reduction mean``, else 1."""
-    return float(size) if layout is not None and impl.suite_option("moe_reduction") == REDUCTIONS[0] else 1.0
+    """What one process's summed gradient is divided by to give the expected one: the data-parallel size (the
+    world over tp) under a composition declared ``--moe-reduction mean``, else 1."""
+    if layout is not None and impl.suite_option("moe_reduction") == REDUCTIONS[0]:
+        return float(batches(layout, size))
+    return 1.0
 
 
 def after_backward(impl: Implementation, layer: nn.Module, mesh: Any) -> None:
@@ -171,15 +207,17 @@ def validate(impl: Implementation) -> None:
         if value is not None and value not in allowed:
             raise OptionError(f"{{opt:{field}}} expects one of {', '.join(allowed)}; got {value!r}")
     scale = impl.suite_option("moe_loss_scale")
-    if scale is not None and scale not in ("@world", "@edp", "@ep"):
+    if scale is not None and scale not in LOSS_SCALES:
         try:
             float(scale)
         except ValueError:
-            raise OptionError(f"{{opt:moe_loss_scale}} expects a number, @world, @edp or @ep; got {scale!r}") from None
+            raise OptionError(
+                f"{{opt:moe_loss_scale}} expects a number or one of {', '.join(LOSS_SCALES)}; got {scale!r}"
+            ) from None
     declared = [f for f in ("moe_reduction", "moe_loss_scale", "moe_after_backward") if impl.suite_option(f)]
     if declared and not composed(impl):
-        raise OptionError(f"{{opt:{declared[0]}}} applies under {{opt:moe_mesh}} edp,ep, where the target makes its "
-                          "own reductions")
+        raise OptionError(f"{{opt:{declared[0]}}} applies under {{opt:moe_mesh}} edp,ep or edp,ep,tp, where the "
+                          "target makes its own reductions")
     for field, what in (("moe_fn", "an expert-parallel function"), ("moe_layer", "a layer factory"),
                         ("moe_after_backward", "a step after backward")):
         spec = impl.suite_option(field)
