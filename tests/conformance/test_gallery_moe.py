@@ -56,6 +56,8 @@ def _cause(text: str) -> str:
 
 #: A composition averaged over the data-parallel ranks.
 COMPOSED_MEAN = {"moe_mesh": "edp,ep", "moe_reduction": "mean"}
+#: The same with tensor parallelism: the ranks of a tp group share a batch, averaged over the data-parallel size.
+TP_MEAN = {"moe_mesh": "edp,ep,tp", "moe_reduction": "mean"}
 
 GALLERY: dict[str, Row] = {
     "bundled": Row(BUNDLED),
@@ -123,6 +125,19 @@ GALLERY: dict[str, Row] = {
     "composed_dense_reduced_over_ep": Row(
         G + "composed_bugs:dense_reduced_over_ep", frozenset({GRADIENTS, TRAINS}),
         causes.UNREDUCED.format(names="router.bias, router.weight").split(":")[0], options=COMPOSED_MEAN,
+    ),
+    # With tensor parallelism (--moe-mesh edp,ep,tp): edp 2 x ep 1 x tp 1, 1 x 2 x 1 and 1 x 1 x 2 at 2 ranks.
+    "tp_replicated": Row(G + "tp:replicated", options=TP_MEAN),
+    "tp_split": Row(G + "tp:split", options=TP_MEAN),
+    "tp_tokens_counted_tp_times": Row(
+        G + "tp:tokens_counted_tp_times", frozenset({GRADIENTS, TRAINS}),
+        "the gradients of experts.w1, experts.w2 are exactly 2 times one process's on every rank (x W = tp = 2",
+        options=TP_MEAN,
+    ),
+    # Nothing proves that a tp rank's router holds its share of the batch's gradient: what differs is said.
+    "tp_split_router_not_reduced": Row(
+        G + "tp:split_router_not_reduced", frozenset({GRADIENTS, TRAINS}), uncaused=frozenset({GRADIENTS, TRAINS}),
+        shows="router.weight off by", options=TP_MEAN,
     ),
     "megatron_local": Row(G + "megatron_local:apply_ep"),
     # Before the suite read a shard without a gradient as zeros: a false FAIL where a rank's experts got no pair.
@@ -210,19 +225,32 @@ def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
             assert not verdict.cause, table
         else:
             assert row.cause in verdict.cause, table
-    placed = rf"moe placements in a world of 2( \(edp \d x ep \d\))?: {re.escape(row.first_parameter)}"
+    placed = rf"moe placements in a world of 2( \(edp \d x ep \d( x tp \d)?\))?: {re.escape(row.first_parameter)}"
     assert re.search(placed, table), table
 
 
 @pytest.mark.xdist_group(name="moe_gallery_4")
-def test_a_composition_conforms_in_every_layout_of_four_ranks(world_factory: WorldFactory) -> None:
-    """The mean composition (experts ``Shard(0)`` on the ep dim of the suite's ``(edp, ep)`` mesh) conforms in a
-    world of 4 in each layout, edp 4 x ep 1, 2 x 2 and 1 x 4: each shard is judged by the rank's coordinate on its
-    own sub-mesh, not its global rank, and replicas over edp are compared bit for bit."""
-    impl, components = resolve_implementation(suite_options={"moe_fn": G + "composed:apply_ep", **COMPOSED_MEAN})
+@pytest.mark.parametrize(
+    ("fn", "options", "layouts"),
+    [
+        pytest.param(G + "composed:apply_ep", COMPOSED_MEAN, ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"),
+                     id="edp_ep"),
+        pytest.param(G + "tp:split", TP_MEAN, ("edp 4 x ep 1 x tp 1", "edp 2 x ep 2 x tp 1", "edp 1 x ep 4 x tp 1",
+                                               "edp 2 x ep 1 x tp 2", "edp 1 x ep 2 x tp 2", "edp 1 x ep 1 x tp 4"),
+                     id="edp_ep_tp"),
+    ],
+)
+def test_a_composition_conforms_in_every_layout_of_four_ranks(
+    fn: str, options: dict[str, str], layouts: tuple[str, ...], world_factory: WorldFactory
+) -> None:
+    """A mean composition conforms in a world of 4 in each layout: experts ``Shard(0)`` on the ep dim of the suite's
+    mesh, each shard judged by the rank's coordinate on its own sub-mesh, not its global rank, replicas over edp
+    (and tp) compared bit for bit; with tensor parallelism, ep and tp both above one in the same layout (edp 1 x
+    ep 2 x tp 2), where each tp rank runs its share of the batch's tokens through experts held over ep."""
+    impl, components = resolve_implementation(suite_options={"moe_fn": fn, **options})
     checks = select_checks(load_checks().values(), impl, "all", None, components)
     report = run_checks(checks, impl, (4,), worlds=world_factory, components=components)
     table = format_report(report)
     assert [v.outcome for v in report.verdicts] == ["pass"] * 4, table
-    for layout in ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"):
+    for layout in layouts:
         assert f"moe placements in a world of 4 ({layout}): router.weight plain" in table, table

@@ -23,4 +23,4 @@ def apply_ep(layer: nn.Module, mesh: Any) -> nn.Module:
 
 def apply_ep_summed(layer: nn.Module, mesh: Any) -> nn.Module:
     """Experts over ep, every gradient the sum over the data-parallel ranks."""
-    return composed(layer, mesh, experts_divisor=lambda w, ep, edp: 1, dense_divisor=lambda w, ep, edp: 1)
+    return composed(layer, mesh, experts_divisor=lambda s: 1, dense_divisor=lambda s: 1)

@@ -23,17 +23,17 @@ from tests.forks._composition import composed
 
 def experts_averaged_over_replicas(layer: nn.Module, mesh: Any) -> nn.Module:
     """Expert gradients summed over edp and divided by edp."""
-    return composed(layer, mesh, experts_divisor=lambda w, ep, edp: edp)
+    return composed(layer, mesh, experts_divisor=lambda s: s["edp"])
 
 
 def experts_divided_by_ep(layer: nn.Module, mesh: Any) -> nn.Module:
     """Expert gradients summed over edp and divided by ep."""
-    return composed(layer, mesh, experts_divisor=lambda w, ep, edp: ep)
+    return composed(layer, mesh, experts_divisor=lambda s: s["ep"])
 
 
 def experts_divided_by_world_times_ep(layer: nn.Module, mesh: Any) -> nn.Module:
     """Expert gradients summed over edp and divided by the world times ep."""
-    return composed(layer, mesh, experts_divisor=lambda w, ep, edp: w * ep)
+    return composed(layer, mesh, experts_divisor=lambda s: s["W"] * s["ep"])
 
 
 def experts_never_reduced(layer: nn.Module, mesh: Any) -> nn.Module:
@@ -43,4 +43,4 @@ def experts_never_reduced(layer: nn.Module, mesh: Any) -> nn.Module:
 
 def dense_reduced_over_ep(layer: nn.Module, mesh: Any) -> nn.Module:
     """The router's gradient summed over the ep group only, divided by the world."""
-    return composed(layer, mesh, dense_over="ep")
+    return composed(layer, mesh, dense_over=("ep",))
