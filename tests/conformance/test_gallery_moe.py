@@ -122,6 +122,10 @@ GALLERY: dict[str, Row] = {
         G + "composed_bugs:experts_never_reduced", frozenset({GRADIENTS, TRAINS}),
         causes.UNREDUCED.format(names="experts.w1, experts.w2").split(":")[0], options=COMPOSED_MEAN,
     ),
+    "composed_local_experts_averaged_over_world": Row(
+        G + "composed_bugs:local_experts_averaged_over_world", frozenset({GRADIENTS, TRAINS}),
+        causes.REDUCED_OVER_SHARDS.format(names="experts.w1, experts.w2").split(":")[0], options=COMPOSED_MEAN,
+    ),
     "composed_dense_reduced_over_ep": Row(
         G + "composed_bugs:dense_reduced_over_ep", frozenset({GRADIENTS, TRAINS}),
         causes.UNREDUCED.format(names="router.bias, router.weight").split(":")[0], options=COMPOSED_MEAN,

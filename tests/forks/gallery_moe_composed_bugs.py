@@ -9,7 +9,9 @@ composition (:mod:`tests.forks.gallery_moe_composed`), checked under ``--moe-mes
 - ``experts_never_reduced``: never reduced over their replicas, each rank keeping its group's own: the replicas
   drift apart (fairseq #4220);
 - ``dense_reduced_over_ep``: the router reduced over the expert-parallel group only (dense parameters of other
-  groups never seen).
+  groups never seen);
+- ``local_experts_averaged_over_world``: rank-local experts averaged over the whole world with the dense
+  parameters, mixing different experts' gradients (SpecForge PR 882).
 """
 
 from __future__ import annotations
@@ -44,3 +46,14 @@ def experts_never_reduced(layer: nn.Module, mesh: Any) -> nn.Module:
 def dense_reduced_over_ep(layer: nn.Module, mesh: Any) -> nn.Module:
     """The router's gradient summed over the ep group only, divided by the world."""
     return composed(layer, mesh, dense_over=("ep",))
+
+
+def _contiguous(rank: int, size: int, count: int) -> list[int]:
+    """Rank ``rank``'s contiguous ``count / size`` experts."""
+    return list(range(rank * count // size, (rank + 1) * count // size))
+
+
+def local_experts_averaged_over_world(layer: nn.Module, mesh: Any) -> nn.Module:
+    """Experts held rank-local (plain parameters of each rank's rows, no DTensor), and every gradient, theirs too,
+    averaged over the world, as a data-parallel wrapper of the whole model does (SpecForge PR 882)."""
+    return composed(layer, mesh, experts_over=("edp", "ep"), held=_contiguous)
