@@ -240,6 +240,5 @@ LIKELY_CAUSES = {
     "broken_fsdp2_reduce_dtype_ignored": "mp_policy=None not made upstream's default policy",
     "broken_tp_chooser_ignores_explicit_plan": "the plan chooser's order",
     "broken_tp_sp_norms_plain": "replicated parameters' gradients are partial per rank",
-    "broken_tp_embedding_partial": "a row-wise layer's output handed on as per-rank partial sums",
     "broken_tp_head_untied": "parallelize_module replaced the embedding's and the head's weights",
 }

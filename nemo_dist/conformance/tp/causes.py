@@ -1,8 +1,14 @@
-"""How the tp suite registers a check, with the likely cause each check's failure names.
+"""How the tp suite registers a check, and the likely causes its failures name.
 
 Every check of the suite goes through :func:`tp_check` (component ``tp``,
-torch's tensor parallelism preloaded for the ranks); an assertion that
-carries a cause of its own (a diagnosis from what the ranks reported) keeps it.
+torch's tensor parallelism preloaded for the ranks). A check whose failure is
+itself the proof of one cause (the tie broken, the chooser's order, a shard
+that is not its placement's part) names it (:data:`CAUSES`); the numeric
+checks (forward, gradients, training, loss, uneven sequences, FSDP2 on a
+(dp, tp) mesh) name a cause only where a diagnosis from what the ranks
+reported proves it (:data:`MULTIPLIED`, :data:`REPLICA_SYNC`,
+:data:`RANKS_DISAGREE`) and otherwise say what differs, by how much, on which
+ranks.
 """
 
 from __future__ import annotations
@@ -52,28 +58,13 @@ MULTIPLIED = (
     "rank's shard (a sequence-parallel style fed a tensor that is already whole)"
 )
 
-#: Check name (without the ``tp.`` prefix) -> the likely cause of its failure.
+#: Check name (without the ``tp.`` prefix) -> the cause its failure proves (the numeric checks have none).
 CAUSES = {
-    "forward_equals_unsharded": "a row-wise layer's output handed on as per-rank partial sums (its all-reduce, or "
-    "a bias added before it, wrong), the local vocabulary shard returned as the logits, a fused projection split "
-    "naively, head counts left global, or a sequence-parallel input already local sharded again",
-    "gradients_equal_unsharded": "a gradient reduced twice or never: no input-gradient all-reduce before a "
-    "column-wise layer, an autograd all-reduce whose backward reduces again, or replicated parameters' gradients "
-    "left partial per rank",
-    "trains_like_one_process": "parameters updated from wrong or per-rank gradients: replicated parameters drift "
-    "apart across tensor-parallel ranks, or a sharded gradient summed into an unsharded one",
-    "placements_are_consistent": "a parameter's local shard not the part of the full tensor its placements say "
-    "(a hand-made DTensor with the wrong placements or shape)",
-    "loss_on_sharded_logits_equals_unsharded": "logits sharded on the vocabulary scored as if whole, or logits "
-    "whose placements do not say what they hold",
+    "placements_are_consistent": "a parameter's local shard not the part of the full tensor its placements say",
     "tied_embeddings_stay_tied": "parallelize_module replaced the embedding's and the head's weights one by one "
     "and the tie was not restored",
     "attention_head_counts_are_local": "attention's head counts left global (or divided twice) while its "
     "projections hold one rank's heads",
-    "sequence_length_not_divisible_refused_or_correct": "a sequence TP does not divide sharded unevenly and "
-    "gathered as if even (rows lost or tiled), or refused on some ranks only",
-    "fsdp2_on_a_dp_tp_mesh_trains_like_one_process": "FSDP2 and TP not composed on the (dp_shard, tp) mesh: "
-    "gradients not averaged over dp, or TP's DTensors resharded over the wrong mesh dim",
     "logits_stay_sharded_on_the_vocabulary": "the head's output layout not Shard(-1): the logits gathered (or "
     "sharded on another dim) where upstream's plans keep them vocabulary-parallel",
     "explicit_plan_comes_first": "the plan chooser's order: an explicit tp_shard_plan not taken before the "
@@ -94,18 +85,18 @@ def tp_check(
     once: bool = False,
     rule: WorldRule | None = SPLITS,
 ) -> Callable[[Callable[..., None]], Any]:
-    """Register check ``tp.NAME`` (see the module docstring); its failures name ``CAUSES[NAME]``.
+    """Register check ``tp.NAME`` (see the module docstring); its failures name ``CAUSES[NAME]`` where it has one.
 
     ``rule``: the worlds it runs in (default :data:`SPLITS`). ``sampled``: the whole matrix of models and
     variants in a world of one and in the run's smallest world of two or more ranks, a sample elsewhere
     (:data:`~nemo_dist.conformance.tp.checks.SAMPLE`).
     """
-    cause = CAUSES[name.removeprefix("tp.")]
+    cause = CAUSES.get(name.removeprefix("tp."))
 
     def register(run: Callable[..., None]) -> Any:
         return check(
             name, tier=tier, component="tp", preload=(*_PRELOAD, *preload), min_world=min_world,
             max_world=max_world, sampled=sampled, once=once, rule=rule,
-        )(with_likely_cause(run, cause))
+        )(with_likely_cause(run, cause) if cause else run)
 
     return register
