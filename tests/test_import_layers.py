@@ -215,11 +215,12 @@ COMPONENTS = ("nemo_dist.loss", "nemo_dist.distributed")
 #: The layers of nemo_dist.conformance, bottom to top (docs/ARCHITECTURE.md); a package stands for its modules.
 CONFORMANCE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("errors", "symbols", "signature", "explain", "profile", "thread_warnings", "needs_gpu",
-                     "option_spec", "suites", "options")),
+                     "option_spec", "suites", "options", "versions")),
     ("what is checked", ("implementation", "importing")),
     ("how it is called", ("callables", "wrapping")),
     ("options resolved", ("target",)),
-    ("running", ("deadlines", "registry", "verdicts", "lanes", "report", "runner", "inworld")),
+    ("running", ("deadlines", "registry", "verdicts", "lanes", "report", "junit", "json_report", "runner",
+                 "inworld")),
     ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2", "tp", "a2a", "moe")),
     ("the package", ("",)),
     ("front ends", ("arguments", "option_docs", "cli", "__main__", "pytest_plugin", "rank_preload")),

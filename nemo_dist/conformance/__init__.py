@@ -4,8 +4,8 @@
 registered check of the named components in gloo worlds and returns a
 :class:`Report` (verdict per check and world size; checks that need no
 process group run once, ddp checks once per entry point);
-:func:`format_report` renders it as the command's table and
-:func:`write_junit_xml` as JUnit XML. An ``Implementation`` names modules,
+:func:`format_report` renders it as the command's table,
+:func:`write_junit_xml` as JUnit XML and :func:`write_json` as JSON. An ``Implementation`` names modules,
 or one all-gather callable (``gather_fn="module:name"``). The core tier is
 upstream's contract (nemo-automodel 0.7.0); the extended tier is what
 nemo_dist promises beyond it.
@@ -17,7 +17,8 @@ The package is laid out in layers, and imports go downwards only
   and :mod:`.wrapping` (how a gather callable and a ``--ddp-fn`` wrapper are
   called), :mod:`.target` (options resolved and validated), :mod:`.registry`
   (the one list of checks and its expansion into runs), :mod:`.verdicts`,
-  :mod:`.runner`, :mod:`.deadlines`, :mod:`.report`, :mod:`.inworld`
+  :mod:`.runner`, :mod:`.deadlines`, :mod:`.report` (with :mod:`.junit`,
+  :mod:`.json_report` and :mod:`.versions`), :mod:`.inworld`
   (torchrun mode); it imports no suite;
 - one suite per component, registered with the engine when imported:
   :mod:`.gather`, :mod:`.ddp`, :mod:`.config`, :mod:`.real_models`,
@@ -34,9 +35,11 @@ from collections.abc import Callable, Sequence
 
 from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
 from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.json_report import write_json
+from nemo_dist.conformance.junit import write_junit_xml
 from nemo_dist.conformance.profile import hypothesis_settings
 from nemo_dist.conformance.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
-from nemo_dist.conformance.report import format_report, write_junit_xml
+from nemo_dist.conformance.report import format_report
 from nemo_dist.conformance.runner import run_case, run_check, run_checks
 from nemo_dist.conformance.suites import SUITE_PACKAGES
 from nemo_dist.conformance.target import (
@@ -80,6 +83,7 @@ __all__ = [
     "run_conformance",
     "select_checks",
     "validate_implementation",
+    "write_json",
     "write_junit_xml",
 ]
 

@@ -41,10 +41,11 @@ class UsageError(Exception):
 
 
 _DESCRIPTION = (
-    "Check that an implementation of the nemo_dist components (the bundled one, a fork named by module paths, any "
-    "all-gather callable or any data-parallel wrapper) keeps the contract. Naming some of "
-    "--gather/--gather-fn/--ddp/--config/--fsdp2 checks only those components (the bundled modules serve the others); "
-    "--preset names all four; naming none checks the bundled nemo_dist modules."
+    "Check, by behaviour against one process, that distributed training code keeps its contract: an all-gather "
+    "(--gather, --gather-fn), DDP (--ddp), its config (--config), FSDP2 (--fsdp2), any data-parallel wrapper "
+    "(--ddp-fn), a tensor-parallel plan (--tp, --tp-plan), an autograd all-to-all (--a2a, --a2a-fn) and expert "
+    "parallelism (--moe-fn). Naming some checks only those components (the bundled modules serve the others); "
+    "--preset names them all; naming none checks the bundled nemo_dist modules."
 )
 _EPILOG = (
     "Exit status: 0 conforms, 1 a check failed, 2 usage error. Under torchrun (torchrun --nproc-per-node N -m "
@@ -58,8 +59,11 @@ def parser() -> argparse.ArgumentParser:
     Values stay text: the value parsers below turn them into values and word their errors.
     """
     p = argparse.ArgumentParser(prog="nemo-dist-conformance", description=_DESCRIPTION, epilog=_EPILOG)
-    for names, keywords in options.declarations(options.COMMAND):
-        p.add_argument(*names, **keywords)
+    for title, group in options.sections(options.COMMAND):
+        section = p.add_argument_group(title)
+        for entry in group:
+            names, keywords = entry.declaration(options.COMMAND, options.BY_FIELD)
+            section.add_argument(*names, **keywords)
     return p
 
 

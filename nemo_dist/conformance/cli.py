@@ -17,8 +17,10 @@ from pathlib import Path
 
 from nemo_dist.conformance import arguments, load_checks
 from nemo_dist.conformance.arguments import DEFAULT_WORLD_SIZES, UsageError, option_name, reproduce_command
+from nemo_dist.conformance.json_report import write_json
+from nemo_dist.conformance.junit import write_junit_xml
 from nemo_dist.conformance.registry import TIERS, Check, select_checks
-from nemo_dist.conformance.report import format_progress, format_report, write_junit_xml
+from nemo_dist.conformance.report import format_progress, format_report
 from nemo_dist.conformance.runner import run_checks
 from nemo_dist.conformance.target import Implementation, OptionError, implementation_from_options
 from nemo_dist.conformance.verdicts import Report, Verdict
@@ -112,7 +114,27 @@ def _emit(report: Report, args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if args.junit_xml:
         write_junit_xml(report, args.junit_xml, args.strict)
+    if args.json:
+        write_json(report, args.json, args.strict)
     return report.exit_code(args.strict)
+
+
+def _version() -> str:
+    """``nemo-dist-conformance`` and the versions its verdicts depend on (what ``--version`` prints)."""
+    import torch  # noqa: F401  (its __version__ names the build)
+
+    from nemo_dist.conformance.versions import run_versions
+
+    return "nemo-dist-conformance " + "  ".join(f"{name} {version}" for name, version in run_versions().items())
+
+
+def _list(checks: list[Check], impl: Implementation) -> str:
+    """One line per check a run of ``checks`` would make: name (with its DDP entry points), component, tier, the
+    one-line promise; then their count."""
+    rows = [(name, c.component, c.tier, c.description) for c in checks for name, _ in c.variants(impl)]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{name:<{width}}  {component:<10}  {tier:<8}  {promise}" for name, component, tier, promise in rows]
+    return "\n".join([*lines, f"{len(rows)} checks"]) + "\n"
 
 
 def _print_progress(verdict: Verdict) -> None:
@@ -211,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # `--gather tests.forks.x` imports from the checkout; ranks inherit sys.path
     args = arguments.parser().parse_args(argv)
+    if args.version:
+        print(_version())
+        return 0
     from nemo_dist.conformance.inworld import in_torchrun
 
     if in_torchrun():
@@ -235,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.list_checks:
+        sys.stdout.write(_list(checks, impl))
+        return 0
     try:
         report = run_checks(
             checks,

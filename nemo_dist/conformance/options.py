@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_dist.conformance.option_spec import COMMAND, PYTEST, Doc, Option, PytestVariant
-from nemo_dist.conformance.suites import suite_options
+from nemo_dist.conformance.suites import suite_option_modules, suite_options
 
 __all__ = [
     "BY_FIELD",
@@ -33,6 +33,7 @@ __all__ = [
     "declared",
     "option",
     "repeated",
+    "sections",
     "spelling",
 ]
 
@@ -266,6 +267,20 @@ _RUN_OPTIONS: tuple[Option, ...] = (
         front_ends=_COMMAND_ONLY, pytest_equivalent="--junit-xml", reproduce=False,
     ),
     Option(
+        "--json", metavar="PATH",
+        help="also write every verdict and the header (versions included) as JSON to PATH (schema: docs/ci.md)",
+        front_ends=_COMMAND_ONLY, reproduce=False,
+    ),
+    Option(
+        "--list-checks", flag=True,
+        help="print the checks the run would make (name, component, tier, promise) and exit, running none",
+        front_ends=_COMMAND_ONLY, reproduce=False,
+    ),
+    Option(
+        "--version", flag=True, help="print the versions of nemo_dist, torch and Python and exit",
+        front_ends=_COMMAND_ONLY, reproduce=False,
+    ),
+    Option(
         "--select", short="-k", metavar="TEXT",
         help="run only checks whose name contains TEXT ('not TEXT': all but those)",
         front_ends=_COMMAND_ONLY, pytest_equivalent="-k", reproduce=False,
@@ -343,6 +358,21 @@ def declarations(front_end: str) -> tuple[tuple[tuple[str, ...], dict[str, Any]]
     Passed as ``add_argument(*names, **keywords)`` to argparse; pytest's ``OptionGroup.addoption`` takes the same.
     """
     return tuple(o.declaration(front_end, BY_FIELD) for o in declared(front_end))
+
+
+def sections(front_end: str) -> tuple[tuple[str, tuple[Option, ...]], ...]:
+    """The options ``front_end`` declares, grouped as ``--help`` lists them: what is checked by the engine's own
+    components, then each suite's own options under its component's name, then how the run runs."""
+    mine = set(declared(front_end))
+    groups: list[tuple[str, tuple[Option, ...]]] = [
+        ("what is checked: gather, ddp, config, fsdp2 and data-parallel wrappers", _TARGET_OPTIONS)
+    ]
+    for module in suite_option_modules():
+        target = getattr(module, "TARGET", None)
+        name = target.component if target is not None else module.__name__.split(".")[-2]
+        groups.append((f"the {name} suite", tuple(getattr(module, "OPTIONS", ()))))
+    groups.append(("how the run runs", _RUN_OPTIONS))
+    return tuple((title, found) for title, group in groups if (found := tuple(o for o in group if o in mine)))
 
 
 def repeated(front_end: str) -> tuple[Option, ...]:

@@ -112,8 +112,11 @@ class Check:
 
     @property
     def description(self) -> str:
-        """The first line of the check function's docstring."""
-        return (self.fn.__doc__ or self.name).strip().splitlines()[0]
+        """The check's promise: the first sentence of its function's docstring, on one line (its name without
+        one)."""
+        paragraph = " ".join((self.fn.__doc__ or self.name).strip().split("\n\n")[0].split())
+        end = paragraph.find(". ")
+        return paragraph if end < 0 else paragraph[: end + 1]
 
     def applies_to(self, world_size: int) -> bool:
         """Whether this check runs in a world of ``world_size`` ranks (a world-less check: in none)."""

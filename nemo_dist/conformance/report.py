@@ -1,16 +1,28 @@
-"""Render a conformance :class:`~nemo_dist.conformance.verdicts.Report`: the text table and JUnit XML."""
+"""Render a conformance :class:`~nemo_dist.conformance.verdicts.Report` as text: the header, the table, failures.
+
+The header's pieces (:func:`header_labels`, :func:`versions_of`) and
+:func:`reproduce_line` also serve the JUnit and JSON files
+(:mod:`~nemo_dist.conformance.junit`, :mod:`~nemo_dist.conformance.json_report`).
+"""
 
 from __future__ import annotations
 
 import shlex
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 from nemo_dist.conformance.explain import Finding
 from nemo_dist.conformance.target import COMPONENTS, STANDALONE, SUITE_TARGETS
 from nemo_dist.conformance.verdicts import Outcome, Report, Verdict
+from nemo_dist.conformance.versions import run_versions
 
-__all__ = ["format_progress", "format_report", "junit_xml", "reproduce_line", "write_junit_xml"]
+__all__ = [
+    "first_line",
+    "format_progress",
+    "format_report",
+    "header_labels",
+    "ordered_verdicts",
+    "reproduce_line",
+    "versions_of",
+]
 
 #: Lines of each failure message shown under "Failures" (the traceback of the code under test is shown whole).
 MESSAGE_LINES = 10
@@ -44,7 +56,7 @@ def _label(v: Verdict, strict: bool) -> str:
 
 def _reason_text(message: str) -> str:
     """The first line of a reason, without the exception name that carried it."""
-    line = _first_line(message)
+    line = first_line(message)
     for prefix in ("NotApplicable: ", "ChosenByCode: ", "NotSupported: ", "SkipTest: "):
         line = line.removeprefix(prefix)
     return line
@@ -64,11 +76,13 @@ def _short(verdicts: list[Verdict]) -> str:
     return f"{verdicts[0].check} ({sizes})" if sizes else verdicts[0].check
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text`` ("" for none)."""
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
-def _ordered(report: Report) -> list[Verdict]:
+def ordered_verdicts(report: Report) -> list[Verdict]:
+    """The report's verdicts grouped by check, in the order checks first ran, each check's by world size."""
     order: dict[str, int] = {}
     for v in report.verdicts:
         order.setdefault(v.check, len(order))
@@ -103,24 +117,38 @@ def format_report(report: Report, strict: bool = False) -> str:
     return "\n".join(line for section in sections for line in section) + "\n"
 
 
-def _header(report: Report, strict: bool) -> list[str]:
-    """What was checked and how, then the run's notes and a blank line."""
+def header_labels(report: Report) -> dict[str, str]:
+    """What the run checked or used, by component (``gather`` -> its module or callable), in component order;
+    a component only used, not checked, is labelled so."""
     impl = report.impl
     labels = {"gather": impl.gather_label, "ddp": impl.ddp_label, "config": impl.config, "fsdp2": impl.fsdp2}
     for component, target in SUITE_TARGETS.items():
         labels[component] = next(
             (_text(impl.suite_option(f)) for f in target.label_fields if impl.suite_option(f) is not None), None
         )
-    components = "  ".join(
-        f"{name}={labels[name]}" + ("" if name in report.components else " (used, not checked)")
+    return {
+        name: str(labels[name]) + ("" if name in report.components else " (used, not checked)")
         for name in COMPONENTS
         if labels[name] not in (None, "-") and _shown(name, report.components)
-    )
+    }
+
+
+def versions_of(report: Report) -> dict[str, str]:
+    """The versions the report's verdicts depend on (:func:`~nemo_dist.conformance.versions.run_versions`),
+    test targets included where the run names them."""
+    return run_versions(" ".join([*header_labels(report).values(), *(str(v) for _, v in report.impl.suite_options)]))
+
+
+def _header(report: Report, strict: bool) -> list[str]:
+    """What was checked and how, the versions, then the run's notes and a blank line."""
+    components = "  ".join(f"{name}={label}" for name, label in header_labels(report).items())
     examples = "profile" if report.max_examples is None else str(report.max_examples)
     seed = "" if report.seed is None else f"  seed={report.seed}"
+    versions = "  ".join(f"{name} {version}" for name, version in versions_of(report).items())
     return [
         f"nemo_dist conformance: {components}",
         f"backend={report.backend}  tier={report.tier}  max_examples={examples}{seed}" + ("  strict" if strict else ""),
+        f"versions: {versions}",
         *report.notes,
         "",
     ]
@@ -141,7 +169,7 @@ def _shown(component: str, checked: tuple[str, ...]) -> bool:
 def _table(report: Report, strict: bool) -> list[str]:
     """The verdict table: a header row, a rule, one row per verdict."""
     rows = [("check", "world", "tier", "verdict", "time")]
-    for v in _ordered(report):
+    for v in ordered_verdicts(report):
         rows.append((v.check, _world(v), v.tier, _label(v, strict), f"{v.seconds:.2f}s"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = []
@@ -183,14 +211,14 @@ def _finding_lines(f: Finding, whole: bool) -> list[str]:
 
 def _failures(report: Report) -> list[str]:
     """Each failure or hang: where, its likely cause, example, message and traceback, and how to reproduce it."""
-    failures = [v for v in _ordered(report) if v.failed]
+    failures = [v for v in ordered_verdicts(report) if v.failed]
     if not failures:
         return []
     lines = ["", "Failures", "========"]
     for v in failures:
         lines.append(f"--- {v.check} ({_where(v)}, {v.tier} tier{', HANG' if v.outcome == 'hang' else ''}) ---")
         if v.findings:
-            lines.append(_first_line(v.message))
+            lines.append(first_line(v.message))
             for i, found in enumerate(v.findings, 1):
                 lines.append(f"[{i} of {len(v.findings)}]")
                 lines += _finding_lines(found, whole=False)
@@ -209,7 +237,7 @@ def _reasons(report: Report) -> list[str]:
     for outcome, title in (("not applicable", "Not applicable"), ("not supported", "Not supported"),
                            ("skipped", "Skipped")):
         reasons: dict[tuple[str, str], list[Verdict]] = {}
-        for v in _ordered(report):
+        for v in ordered_verdicts(report):
             if v.outcome == outcome:
                 chosen = " (the code's own choice: blocks --strict)" if v.chosen else ""
                 reasons.setdefault((v.check, _reason_text(v.message) + chosen), []).append(v)
@@ -227,7 +255,7 @@ def _warnings(report: Report) -> list[str]:
     lines = ["", "Warnings raised inside the checks (notes, not failures)"]
     for text, where in raised.items():
         more = f" and {len(where) - 1} more" if len(where) > 1 else ""
-        lines.append(f"  {_first_line(text)} [{where[0]}{more}]")
+        lines.append(f"  {first_line(text)} [{where[0]}{more}]")
     return lines
 
 
@@ -244,50 +272,3 @@ def _summary(report: Report, strict: bool) -> list[str]:
             parts.append(f"{n} {word}")
     verdict = "CONFORMS (exit 0)" if code == 0 else "DOES NOT CONFORM (exit 1)"
     return ["", f"{', '.join(parts)} in {report.seconds:.1f}s -> {verdict}"]
-
-
-def junit_xml(report: Report, strict: bool = False) -> ET.ElementTree:
-    """A JUnit XML tree: one ``testcase`` per check and world size.
-
-    Failures and hangs get a ``failure`` element (message: first line, text:
-    likely cause, example, message and traceback of each finding, and the
-    line that reproduces it); not-applicable, not-supported and
-    skipped rows a ``skipped`` element, except that under ``strict``
-    not-supported is a failure. Extended-tier failures are failures too (CI
-    shows them); the exit code decides what blocks.
-    """
-    suite = ET.Element("testsuite", name="nemo_dist.conformance")
-    failures = skipped = 0
-    for v in _ordered(report):
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=f"conformance.{v.component}.{v.tier}",
-            name=f"{v.check}[w{_world(v)}]",
-            time=f"{v.seconds:.3f}",
-        )
-        if v.failed or (strict and v.outcome == "not supported"):
-            failures += 1
-            element = ET.SubElement(case, "failure", message=_first_line(v.message))
-            found = v.findings or (Finding(v.message, v.example, v.cause, v.traceback),)
-            parts = [_first_line(v.message)] if v.findings else []
-            for f in found:
-                parts += [f"Likely cause: {f.cause}" if f.cause else "", f.example, f.message, f.traceback]
-            reproduce = reproduce_line(report, v)
-            element.text = "\n".join(filter(None, [*parts, f"Reproduce: {reproduce}" if reproduce else ""]))
-        elif v.outcome in ("not applicable", "not supported", "skipped"):
-            skipped += 1
-            ET.SubElement(case, "skipped", message=f"{v.outcome}: {_first_line(v.message)}")
-    suite.set("tests", str(len(report.verdicts)))
-    suite.set("failures", str(failures))
-    suite.set("errors", "0")
-    suite.set("skipped", str(skipped))
-    suite.set("time", f"{report.seconds:.3f}")
-    root = ET.Element("testsuites")
-    root.append(suite)
-    return ET.ElementTree(root)
-
-
-def write_junit_xml(report: Report, path: str | Path, strict: bool = False) -> None:
-    """Write :func:`junit_xml` of ``report`` to ``path`` (UTF-8, with declaration)."""
-    junit_xml(report, strict).write(path, encoding="utf-8", xml_declaration=True)

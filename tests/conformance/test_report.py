@@ -11,7 +11,8 @@ import pytest
 
 from nemo_dist.conformance import REFERENCE, Check, Implementation, NotSupported, Report, Verdict, select_checks
 from nemo_dist.conformance.explain import Finding, fold_tool_frames
-from nemo_dist.conformance.report import format_report, write_junit_xml
+from nemo_dist.conformance.junit import write_junit_xml
+from nemo_dist.conformance.report import format_report
 from nemo_dist.conformance.verdicts import is_not_supported
 from nemo_dist.testing import RankFailure
 
