@@ -1,4 +1,4 @@
-"""Run the conformance command as a subprocess from the checkout root (helper of the CLI tests)."""
+"""Run the conformance command as a subprocess from the checkout root, or in this process (helper of the CLI tests)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ROOT", "clean_env", "failure_section", "run_command", "run_torchrun", "shared_command", "shared_torchrun"]
+import pytest
+
+from nemo_dist.conformance.cli import main
+
+__all__ = [
+    "ROOT",
+    "clean_env",
+    "failure_section",
+    "run_command",
+    "run_in_process",
+    "run_torchrun",
+    "shared_torchrun",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +49,25 @@ def run_command(
     )
 
 
+def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The command line ``*args`` run through ``main(argv)`` in this process, read as ``run_command``'s result.
+
+    For tests whose subject is the command's verdict and report, not its
+    process: the worlds fork from this process's fork server, which has
+    imported torch and the suites already, instead of a fresh interpreter
+    importing them. The real process's exit statuses are test_cli's
+    subprocess runs. Output printed before the call is dropped.
+
+    Here pytest has rewritten the package's asserts (it loads the package as a
+    plugin), so a failure's assertion message carries pytest's explanation:
+    compare such text with another run in this process, not a subprocess's.
+    """
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["nemo-dist-conformance", *args], code, out, err)
+
+
 def run_torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node nproc -m nemo_dist.conformance *args`` in the checkout root."""
     return subprocess.run(
@@ -46,7 +77,5 @@ def run_torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Com
     )
 
 
-#: ``run_command`` run once per process for given arguments: tests that read one run's output share it.
-shared_command = functools.cache(run_command)
-#: ``run_torchrun`` run once per process for given arguments, likewise.
+#: ``run_torchrun`` run once per process for given arguments: tests that read one run's output share it.
 shared_torchrun = functools.cache(run_torchrun)
