@@ -7,22 +7,41 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from nemo_dist.conformance.cli import main
 
 __all__ = [
+    "REFERENCE_ARGS",
     "ROOT",
+    "DirectoryRun",
     "clean_env",
     "failure_section",
+    "reference_run_group",
     "run_command",
+    "run_from_empty_dir",
     "run_in_process",
     "run_torchrun",
     "shared_torchrun",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The command against the reference on two core gather checks in a world of 2. One run started in an empty
+#: directory serves test_cli (its exit status and table) and test_hypothesis_storage (where it leaves hypothesis's
+#: files): the ``command_from_empty_dir`` fixture runs it once for the tests of ``reference_run_group``.
+REFERENCE_ARGS = ("--tier", "core", "-k", "matches", "--world-sizes", "2", "--max-examples", "3", "-q")
+#: The xdist group of the tests reading the run of ``REFERENCE_ARGS``, kept in one worker so that it runs once.
+reference_run_group = pytest.mark.xdist_group(name="reference_run")
+
+
+class DirectoryRun(NamedTuple):
+    """A run of ``python`` started in the empty directory ``cwd``, with the empty directory ``cache`` its cache."""
+
+    result: subprocess.CompletedProcess[str]
+    cwd: Path
+    cache: Path
 
 
 def clean_env() -> dict[str, str]:
@@ -47,6 +66,22 @@ def run_command(
         [sys.executable, "-m", "nemo_dist.conformance", *args],
         cwd=ROOT, env={**clean_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+def run_from_empty_dir(base: Path, *args: str) -> DirectoryRun:
+    """``python *args`` started in a new empty directory under ``base``, this checkout importable.
+
+    Its XDG_CACHE_HOME is another new empty directory under ``base``.
+    """
+    cwd, cache = base / "cwd", base / "cache"
+    cwd.mkdir()
+    cache.mkdir()
+    env = {**clean_env(), "XDG_CACHE_HOME": str(cache)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    result = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    return DirectoryRun(result, cwd, cache)
 
 
 def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:

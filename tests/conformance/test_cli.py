@@ -12,23 +12,33 @@ from __future__ import annotations
 
 import shlex
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from nemo_dist.conformance.cli import main
-from tests.conformance._cli import failure_section, run_command, run_in_process
+from tests.conformance._cli import (
+    REFERENCE_ARGS,
+    DirectoryRun,
+    failure_section,
+    reference_run_group,
+    run_command,
+    run_in_process,
+)
 
 QUICK = ("--world-sizes", "2", "--max-examples", "3", "-q")
 
 
-def test_reference_passes_core_and_prints_the_table() -> None:
+@reference_run_group
+def test_reference_passes_core_and_prints_the_table(command_from_empty_dir: Callable[..., DirectoryRun]) -> None:
     """Against the bundled modules the core checks pass: exit 0 and a table of PASS rows.
 
     Two gather checks (``-k matches``): the front end is the subject here; every check against the
     reference is ``test_every_check.py``'s, upstream's whole core tier through this command ``test_upstream.py``'s.
+    The run is test_hypothesis_storage's too (it starts in an empty directory).
     """
-    result = run_command("--tier", "core", "-k", "matches", *QUICK)
+    result = command_from_empty_dir(*REFERENCE_ARGS).result
     assert result.returncode == 0, result.stdout + result.stderr
     assert "check" in result.stdout
     assert "gather.forward_matches_cat" in result.stdout
