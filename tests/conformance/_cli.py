@@ -1,4 +1,4 @@
-"""Run the conformance command as a subprocess from the checkout root (helper of the CLI tests)."""
+"""Run the conformance command as a subprocess from the checkout root, or in this process (helper of the CLI tests)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,41 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["ROOT", "clean_env", "failure_section", "run_command", "run_torchrun", "shared_command", "shared_torchrun"]
+import pytest
+
+from nemo_dist.conformance.cli import main
+
+__all__ = [
+    "REFERENCE_ARGS",
+    "ROOT",
+    "DirectoryRun",
+    "clean_env",
+    "failure_section",
+    "reference_run_group",
+    "run_command",
+    "run_from_empty_dir",
+    "run_in_process",
+    "run_torchrun",
+    "shared_torchrun",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The command against the reference on two core gather checks in a world of 2. One run started in an empty
+#: directory serves test_cli (its exit status and table) and test_hypothesis_storage (where it leaves hypothesis's
+#: files): the ``command_from_empty_dir`` fixture runs it once for the tests of ``reference_run_group``.
+REFERENCE_ARGS = ("--tier", "core", "-k", "matches", "--world-sizes", "2", "--max-examples", "3", "-q")
+#: The xdist group of the tests reading the run of ``REFERENCE_ARGS``, kept in one worker so that it runs once.
+reference_run_group = pytest.mark.xdist_group(name="reference_run")
+
+
+class DirectoryRun(NamedTuple):
+    """A run of ``python`` started in the empty directory ``cwd``, with the empty directory ``cache`` its cache."""
+
+    result: subprocess.CompletedProcess[str]
+    cwd: Path
+    cache: Path
 
 
 def clean_env() -> dict[str, str]:
@@ -37,6 +68,41 @@ def run_command(
     )
 
 
+def run_from_empty_dir(base: Path, *args: str) -> DirectoryRun:
+    """``python *args`` started in a new empty directory under ``base``, this checkout importable.
+
+    Its XDG_CACHE_HOME is another new empty directory under ``base``.
+    """
+    cwd, cache = base / "cwd", base / "cache"
+    cwd.mkdir()
+    cache.mkdir()
+    env = {**clean_env(), "XDG_CACHE_HOME": str(cache)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    result = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    return DirectoryRun(result, cwd, cache)
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The command line ``*args`` run through ``main(argv)`` in this process, read as ``run_command``'s result.
+
+    For tests whose subject is the command's verdict and report, not its
+    process: the worlds fork from this process's fork server, which has
+    imported torch and the suites already, instead of a fresh interpreter
+    importing them. The real process's exit statuses are test_cli's
+    subprocess runs. Output printed before the call is dropped.
+
+    Here pytest has rewritten the package's asserts (it loads the package as a
+    plugin), so a failure's assertion message carries pytest's explanation:
+    compare such text with another run in this process, not a subprocess's.
+    """
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["nemo-dist-conformance", *args], code, out, err)
+
+
 def run_torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node nproc -m nemo_dist.conformance *args`` in the checkout root."""
     return subprocess.run(
@@ -46,7 +112,5 @@ def run_torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Com
     )
 
 
-#: ``run_command`` run once per process for given arguments: tests that read one run's output share it.
-shared_command = functools.cache(run_command)
-#: ``run_torchrun`` run once per process for given arguments, likewise.
+#: ``run_torchrun`` run once per process for given arguments: tests that read one run's output share it.
 shared_torchrun = functools.cache(run_torchrun)

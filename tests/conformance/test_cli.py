@@ -1,31 +1,44 @@
 """Layer 3: the real command as a subprocess (``python -m nemo_dist.conformance``), in gloo worlds of 2 ranks.
 
-Usage errors are checked in-process through ``main(argv)`` (no world starts);
-one of them also through the subprocess, for the real exit status.
+The subprocess runs prove the real process's exit statuses: 0 (the
+reference passes), 1 (a broken fork) and 2 (a module that does not import).
+What the command decides and reports beyond them is checked in this process
+through ``main(argv)`` (``run_in_process``): usage errors (no world starts),
+and runs whose worlds fork from this process's fork server, where a fresh
+interpreter would import torch and the suites again.
 """
 
 from __future__ import annotations
 
 import shlex
-import subprocess
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from nemo_dist.conformance.cli import main
-from tests.conformance._cli import failure_section, run_command, shared_command
+from tests.conformance._cli import (
+    REFERENCE_ARGS,
+    DirectoryRun,
+    failure_section,
+    reference_run_group,
+    run_command,
+    run_in_process,
+)
 
 QUICK = ("--world-sizes", "2", "--max-examples", "3", "-q")
 
 
-def test_reference_passes_core_and_prints_the_table() -> None:
+@reference_run_group
+def test_reference_passes_core_and_prints_the_table(command_from_empty_dir: Callable[..., DirectoryRun]) -> None:
     """Against the bundled modules the core checks pass: exit 0 and a table of PASS rows.
 
     Two gather checks (``-k matches``): the front end is the subject here; every check against the
     reference is ``test_every_check.py``'s, upstream's whole core tier through this command ``test_upstream.py``'s.
+    The run is test_hypothesis_storage's too (it starts in an empty directory).
     """
-    result = run_command("--tier", "core", "-k", "matches", *QUICK)
+    result = command_from_empty_dir(*REFERENCE_ARGS).result
     assert result.returncode == 0, result.stdout + result.stderr
     assert "check" in result.stdout
     assert "gather.forward_matches_cat" in result.stdout
@@ -35,27 +48,17 @@ def test_reference_passes_core_and_prints_the_table() -> None:
     assert "CONFORMS (exit 0)" in result.stdout
 
 
-#: One failing run in worlds of 2 and 3, read by the two tests after it (kept in one xdist worker, so it runs once).
-_failing_group = pytest.mark.xdist_group(name="cli_failing_run")
+#: A fork summing the wrong slot, held to its gradient check in worlds of 2 and 3.
+_BROKEN_SLOT = (
+    "--gather", "tests.forks.broken_gather_reduces_own_slot", "--tier", "core", "-k", "backward_sums",
+    "--world-sizes", "2,3", "--max-examples", "3", "-q",
+)
 
 
-@pytest.fixture
-def failing_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """The shared run of a fork summing the wrong slot (worlds of 2 and 3, with JUnit XML) and its JUnit file."""
-    junit = tmp_path_factory.getbasetemp() / "cli_failing_run.xml"
-    result = shared_command(
-        "--gather", "tests.forks.broken_gather_reduces_own_slot", "--tier", "core", "-k", "backward_sums",
-        "--world-sizes", "2,3", "--max-examples", "3", "-q", "--junit-xml", str(junit),
-    )
-    return result, junit
-
-
-@_failing_group
-def test_broken_fork_exits_one_with_the_shrunk_example_and_junit(
-    failing_run: tuple[subprocess.CompletedProcess[str], Path],
-) -> None:
+def test_broken_fork_exits_one_with_the_shrunk_example_and_junit(tmp_path: Path) -> None:
     """A gather fork summing the wrong slot fails: FAIL rows, the shrunk example, the difference, JUnit failures."""
-    result, junit = failing_run
+    junit = tmp_path / "report.xml"
+    result = run_command(*_BROKEN_SLOT, "--junit-xml", str(junit))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "gather.backward_sums_rank_slices  2      core  FAIL" in result.stdout
     assert "Failing test case" in result.stdout
@@ -66,39 +69,39 @@ def test_broken_fork_exits_one_with_the_shrunk_example_and_junit(
     assert (suite.get("tests"), suite.get("failures")) == ("2", "2")
 
 
-@_failing_group
-def test_each_failure_prints_a_line_that_reproduces_it_alone(
-    failing_run: tuple[subprocess.CompletedProcess[str], Path],
-) -> None:
-    """The Reproduce line (the check by exact name, its world size, the run's seed) re-runs it: the same failure."""
-    result, _ = failing_run
+def test_each_failure_prints_a_line_that_reproduces_it_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The Reproduce line (the check by exact name, its world size, the run's seed) re-runs it: the same failure.
+
+    Both runs in this process: their failure texts are compared, and run_in_process's differ from a subprocess's.
+    """
+    result = run_in_process(capsys, *_BROKEN_SLOT)
     assert result.returncode == 1, result.stdout + result.stderr
     reproduce = [line for line in result.stdout.splitlines() if line.startswith("Reproduce: ")]
     assert len(reproduce) == 2, result.stdout  # one per failing check run: worlds of 2 and 3
     line = reproduce[1].removeprefix("Reproduce: ")
     prefix = "nemo-dist-conformance --gather tests.forks.broken_gather_reduces_own_slot --tier core --max-examples 3 "
     assert line.startswith(prefix + "--check gather.backward_sums_rank_slices --world-sizes 3 --seed "), line
-    again = run_command(*shlex.split(line)[1:], "-q")
+    again = run_in_process(capsys, *shlex.split(line)[1:], "-q")
     assert again.returncode == 1, again.stdout + again.stderr
     wanted = failure_section(result.stdout)
     wanted = wanted[wanted.index("--- gather.backward_sums_rank_slices (world size 3, core tier) ---") :]
     assert failure_section(again.stdout) == ["Failures", "========", *wanted], again.stdout
 
 
-def test_missing_extended_keyword_is_not_supported_and_only_strict_fails() -> None:
+def test_missing_extended_keyword_is_not_supported_and_only_strict_fails(capsys: pytest.CaptureFixture[str]) -> None:
     """A fork without uneven= reports NOT SUPPORTED; --strict makes that exit 1 (without it: 0, see test_report)."""
     args = ("--gather", "tests.forks.upstream_style_gather", "--tier", "extended", "-k", "uneven", *QUICK)
-    strict = run_command(*args, "--strict")
+    strict = run_in_process(capsys, *args, "--strict")
     assert strict.returncode == 1, strict.stdout + strict.stderr
     assert "NOT SUPPORTED" in strict.stdout
     assert "takes no uneven= keyword" in strict.stdout
     assert "DOES NOT CONFORM (exit 1)" in strict.stdout
 
 
-def test_gather_fn_checks_a_bare_callable_and_names_the_likely_cause() -> None:
+def test_gather_fn_checks_a_bare_callable_and_names_the_likely_cause(capsys: pytest.CaptureFixture[str]) -> None:
     """--gather-fn alone checks a SimCLR-style GatherLayer: its tuple form detected, FAIL, and the likely cause."""
-    result = run_command(
-        "--gather-fn", "tests.forks.gallery_gather_layer_own_grad:GatherLayer", "--tier", "core",
+    result = run_in_process(
+        capsys, "--gather-fn", "tests.forks.gallery_gather_layer_own_grad:GatherLayer", "--tier", "core",
         "-k", "backward_sums", *QUICK,
     )
     assert result.returncode == 1, result.stdout + result.stderr
@@ -213,9 +216,12 @@ def test_nccl_runs_only_the_world_sizes_the_visible_gpus_allow(
     ],
     ids=["no_size_fits", "no_cuda"],
 )
-def test_nccl_without_a_fitting_size_is_a_usage_error(gpus: str, args: tuple[str, ...], message: str) -> None:
+def test_nccl_without_a_fitting_size_is_a_usage_error(
+    gpus: str, args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On nccl, asking only for sizes the GPUs cannot hold (or having no CUDA) exits 2 naming why, starting nothing."""
-    result = run_command("--backend", "nccl", *args, env={"NEMO_DIST_FAKE_GPU_COUNT": gpus}, timeout=120)
+    monkeypatch.setenv("NEMO_DIST_FAKE_GPU_COUNT", gpus)
+    result = run_in_process(capsys, "--backend", "nccl", *args)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert result.stdout == ""

@@ -1,15 +1,16 @@
 """Where a conformance run leaves hypothesis's files: a cache directory, or nowhere, never the current directory.
 
 Layers cheapest first: :func:`hypothesis_settings` in this process (no process
-group), then the command and ``pytest conformance/`` as subprocesses started
-from an empty directory, in a gloo world of one rank.
+group), then the command (in a gloo world of two ranks: test_cli's run of the
+reference) and ``pytest conformance/`` (of one rank) as subprocesses started
+from an empty directory.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,14 @@ from nemo_dist.conformance.profile import (
     resolve_hypothesis_db,
     seeded,
 )
-from tests.conformance._cli import ROOT, clean_env
+from tests.conformance._cli import (
+    REFERENCE_ARGS,
+    ROOT,
+    DirectoryRun,
+    clean_env,
+    reference_run_group,
+    run_from_empty_dir,
+)
 
 
 def _fail_on_one(database: Path | None, seed: int = 7, *, reuse_only: bool = False) -> list[int]:
@@ -180,19 +188,7 @@ def test_default_directory_that_cannot_be_created_means_no_database(monkeypatch:
         resolve_hypothesis_db(f"{__file__}/db")
 
 
-def _run_from(cwd: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python *args`` started in ``cwd`` with this checkout importable and XDG_CACHE_HOME=``cache``."""
-    env = {**clean_env(), "XDG_CACHE_HOME": str(cache)}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False
-    )
-
-
-COMMAND = ("-m", "nemo_dist.conformance", "--world-sizes", "1", "-k", "gather", "--tier", "core", "-q",
-           "--max-examples", "3")
-
-
+@reference_run_group
 @pytest.mark.parametrize(
     ("extra", "in_cache"),
     # "none" in process: test_no_database_keeps_no_example_and_writes_nothing_in_the_cwd
@@ -200,13 +196,13 @@ COMMAND = ("-m", "nemo_dist.conformance", "--world-sizes", "1", "-k", "gather", 
     ids=["default", "none"],
 )
 def test_command_writes_no_hypothesis_directory_in_the_cwd(
-    extra: tuple[str, ...], in_cache: bool, tmp_path: Path
+    extra: tuple[str, ...], in_cache: bool, command_from_empty_dir: Callable[..., DirectoryRun]
 ) -> None:
-    """From an empty directory the command leaves it empty; hypothesis's files go to the cache, or with none nowhere."""
-    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
-    cwd.mkdir()
-    cache.mkdir()
-    result = _run_from(cwd, cache, *COMMAND, *extra)
+    """From an empty directory the command leaves it empty; hypothesis's files go to the cache, or with none nowhere.
+
+    The default's run is test_cli's run of the reference (its exit status and table are read there).
+    """
+    result, cwd, cache = command_from_empty_dir(*REFERENCE_ARGS, *extra)
     assert result.returncode == 0, result.stdout + result.stderr
     assert list(cwd.iterdir()) == [], list(cwd.rglob("*"))
     if in_cache:
@@ -217,10 +213,8 @@ def test_command_writes_no_hypothesis_directory_in_the_cwd(
 
 def test_pytest_front_end_writes_no_hypothesis_directory_in_the_cwd(tmp_path: Path) -> None:
     """``pytest conformance/`` started elsewhere leaves the cwd without .hypothesis; the cache directory gets it."""
-    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
-    cwd.mkdir()
-    result = _run_from(
-        cwd, cache, "-m", "pytest", str(ROOT / "conformance"), "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
+    result, cwd, cache = run_from_empty_dir(
+        tmp_path, "-m", "pytest", str(ROOT / "conformance"), "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
         "--dist-world-sizes", "1", "--conformance-max-examples", "3", "-k", "gather and forward_matches",
     )
     assert result.returncode == 0, result.stdout + result.stderr

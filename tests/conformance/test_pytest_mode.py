@@ -1,11 +1,15 @@
 """Layer 3: ``pytest conformance/`` as a subprocess, in gloo worlds of 2 ranks: the checks as pytest tests.
 
-Usage errors run in this process (``pytester``): they stop pytest before any world starts.
+The subprocess proves the real run: a broken fork fails its tests, exit 1
+(test_hypothesis_storage's run from another directory passes, exit 0). What
+the plugin decides and prints beyond that is checked in this process
+(``pytester``): usage errors (they stop pytest before any world starts),
+and runs whose worlds fork from this process's fork server, where a fresh
+interpreter would import torch and the suites again.
 """
 
 from __future__ import annotations
 
-import functools
 import shlex
 import subprocess
 import sys
@@ -17,32 +21,30 @@ import pytest
 import nemo_dist.conformance.pytest_plugin  # noqa: F401
 from tests.conformance._cli import ROOT, clean_env
 
+#: pytest's options of every run here: tests in file order (no pytest-randomly), no .pytest_cache, quiet.
+_PYTEST = ("-p", "no:randomly", "-p", "no:cacheprovider", "-q")
+#: The conformance suite in worlds of 2, with few examples.
+_CONFORMANCE = ("conformance/", "--dist-world-sizes", "2", "--conformance-max-examples", "3")
+
 
 def _pytest_conformance(*args: str) -> subprocess.CompletedProcess[str]:
+    """``pytest conformance/ *args`` as a subprocess in the checkout root (worlds of 2, few examples)."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance/", "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
-         "--dist-world-sizes", "2", "--conformance-max-examples", "3", *args],
+        [sys.executable, "-m", "pytest", *_PYTEST, *_CONFORMANCE, *args],
         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=240, check=False,
     )
 
 
-#: One failing run, read by the two tests that use it (kept in one xdist worker, so it runs once).
-_failing_group = pytest.mark.xdist_group(name="pytest_mode_failing_run")
+#: A gather fork dropping its own rows: its forward check fails, its uneven one is not supported.
 _FAILING = (
     "--conformance-gather", "tests.forks.broken_gather_drops_own_rows",
     "-k", "forward_matches or uneven_gathers", "-rfs",
 )
 
 
-@functools.cache
-def _failing_run() -> subprocess.CompletedProcess[str]:
-    return _pytest_conformance(*_FAILING)
-
-
-@_failing_group
 def test_checks_run_as_pytest_tests_failing_and_skipping_per_check() -> None:
     """A broken fork fails its check's test with the falsifying example; a missing keyword is a skip."""
-    result = _failing_run()
+    result = _pytest_conformance(*_FAILING)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED conformance/test_conformance.py::test_check_holds[gather.forward_matches_cat-w2]" in result.stdout
     assert "Failing test case" in result.stdout
@@ -51,43 +53,66 @@ def test_checks_run_as_pytest_tests_failing_and_skipping_per_check() -> None:
     assert "1 failed, 1 skipped" in result.stdout
 
 
-def _usage_error(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+@pytest.fixture
+def root_pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """``pytester`` whose in-process runs start in the checkout root and leave hypothesis's forced seed as it was.
+
+    ``--hypothesis-seed`` sets that seed for the whole process; restored, the tests after a run draw as before.
+    """
+    from hypothesis import core
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(core, "global_force_seed", core.global_force_seed)
+    return pytester
+
+
+def _pytest_in_process(root_pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """``pytest *args`` run in this process from the checkout root, as a subprocess of it would run.
+
+    For tests whose subject is what the plugin decides and prints, not pytest's process: a fresh interpreter
+    would import torch and the suites again, where this one's worlds fork from its warm fork server. Here pytest
+    has rewritten the package's asserts, so a failure's assertion message carries pytest's explanation: compare
+    such text with another run in this process.
+    """
+    # The plugin module is imported above, so the inner run cannot rewrite its asserts and warns so; under the
+    # project's warnings-as-errors that warning alone would end the run as an internal error.
+    return root_pytester.runpytest_inprocess(*_PYTEST, "-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+
+
+def _usage_error(root_pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """Run ``pytest conformance/`` in this process with ``args``, which must stop it with a usage error (exit 4).
 
     In-process: a usage error stops pytest before any world starts, so a fresh interpreter would only add its
     imports; the real command's own exit status is ``test_cli.py``'s.
     """
-    # The plugin module is imported above, so the inner run cannot rewrite its asserts and warns so; under the
-    # project's warnings-as-errors that warning alone would end the run as an internal error.
-    result = pytester.runpytest_inprocess(
-        str(ROOT / "conformance"), "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", *args
-    )
+    result = _pytest_in_process(root_pytester, "conformance/", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     return result
 
 
-def test_unimportable_module_is_a_pytest_usage_error(pytester: pytest.Pytester) -> None:
+def test_unimportable_module_is_a_pytest_usage_error(root_pytester: pytest.Pytester) -> None:
     """A module that does not import stops pytest with a usage error naming it."""
-    result = _usage_error(pytester, "--conformance-ddp", "tests.forks.no_such_fork")
+    result = _usage_error(root_pytester, "--conformance-ddp", "tests.forks.no_such_fork")
     assert "--conformance-ddp module 'tests.forks.no_such_fork' does not import" in result.stderr.str()
 
 
-def test_bad_min_deadline_is_a_pytest_usage_error(pytester: pytest.Pytester) -> None:
+def test_bad_min_deadline_is_a_pytest_usage_error(root_pytester: pytest.Pytester) -> None:
     """--conformance-min-deadline takes seconds; anything else stops pytest naming the option and an example."""
-    result = _usage_error(pytester, "--conformance-min-deadline", "soon")
+    result = _usage_error(root_pytester, "--conformance-min-deadline", "soon")
     assert "--conformance-min-deadline expects a number of seconds > 0" in result.stderr.str()
 
 
-def test_a_forks_deprecation_warning_is_a_summary_note_not_a_failure() -> None:
+def test_a_forks_deprecation_warning_is_a_summary_note_not_a_failure(root_pytester: pytest.Pytester) -> None:
     """The upstream-faithful DDPManager warns that it is deprecated: the tests pass and the warning is listed."""
-    result = _pytest_conformance(
+    result = _pytest_in_process(
+        root_pytester, *_CONFORMANCE,
         "--conformance-ddp", "tests.forks.upstream_faithful_ddp",
         "--conformance-config", "tests.forks.upstream_faithful_config",
         "-k", "manager_attributes",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed" in result.stdout
-    assert "DeprecationWarning: DDPManager is deprecated" in result.stdout
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    assert "1 passed" in result.stdout.str()
+    assert "DeprecationWarning: DDPManager is deprecated" in result.stdout.str()
 
 
 def _error_lines(stdout: str) -> list[str]:
@@ -101,27 +126,26 @@ def _failing_example(stdout: str) -> list[str]:
     return lines[: next(i for i, line in enumerate(lines) if line.startswith("Reproduce: pytest "))]
 
 
-@_failing_group
-def test_a_failing_check_prints_the_pytest_line_that_reproduces_it_alone() -> None:
-    """The failure ends with its node id, options, world size and seed; that line re-runs it to the same example."""
-    result = _failing_run()
-    assert result.returncode == 1, result.stdout + result.stderr
-    (line,) = [x for x in _error_lines(result.stdout) if x.startswith("Reproduce: pytest ")]
+def test_a_failing_check_prints_the_pytest_line_that_reproduces_it_alone(root_pytester: pytest.Pytester) -> None:
+    """The failure ends with its node id, options, world size and seed; that line re-runs it to the same example.
+
+    Both runs in this process: their failure texts are compared, and _pytest_in_process's differ from a subprocess's.
+    """
+    result = _pytest_in_process(root_pytester, *_CONFORMANCE, *_FAILING)
+    stdout = result.stdout.str()
+    assert result.ret == 1, stdout + result.stderr.str()
+    (line,) = [x for x in _error_lines(stdout) if x.startswith("Reproduce: pytest ")]
     assert line.startswith(
         "Reproduce: pytest 'conformance/test_conformance.py::test_check_holds[gather.forward_matches_cat-w2]' "
         "--conformance-gather tests.forks.broken_gather_drops_own_rows --conformance-max-examples 3 "
         "--dist-world-sizes 2 --hypothesis-seed="
     ), line
-    args = shlex.split(line.removeprefix("Reproduce: "))[1:]
-    again = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q", *args],
-        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=240, check=False,
-    )
-    assert again.returncode == 1, again.stdout + again.stderr
-    assert "1 failed" in again.stdout, again.stdout
-    example = _failing_example(result.stdout)
-    assert "Failing test case: prop(" in example, result.stdout
-    assert _failing_example(again.stdout) == example, again.stdout
+    again = _pytest_in_process(root_pytester, *shlex.split(line.removeprefix("Reproduce: "))[1:])
+    assert again.ret == 1, again.stdout.str() + again.stderr.str()
+    assert "1 failed" in again.stdout.str(), again.stdout.str()
+    example = _failing_example(stdout)
+    assert "Failing test case: prop(" in example, stdout
+    assert _failing_example(again.stdout.str()) == example, again.stdout.str()
 
 
 @pytest.mark.thorough  # the command's run: test_signatures; the pytest options come from the same table
@@ -151,11 +175,11 @@ def test_gather_call_options_make_a_sized_gather_checkable_under_pytest() -> Non
     ids=["missing-dim", "not-a-literal", "negative-output", "init-on-a-function"],
 )
 def test_bad_gather_call_options_are_pytest_usage_errors(
-    args: tuple[str, ...], message: str, pytester: pytest.Pytester
+    args: tuple[str, ...], message: str, root_pytester: pytest.Pytester
 ) -> None:
     """A required parameter left unfilled, or a bad kwarg or index, stops pytest with a usage error naming it."""
     result = _usage_error(
-        pytester, "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes", *args
+        root_pytester, "--conformance-gather-fn", "tests.forks.gallery_gather_with_sizes:gather_with_sizes", *args
     )
     assert message in result.stderr.str()
 
@@ -172,10 +196,10 @@ def test_a_hidden_missing_parameter_fails_with_the_option_to_fill_it() -> None:
         "required parameter 'dim'; pass it on every call with --conformance-gather-kwarg dim=VALUE" in result.stdout
 
 
-def test_bad_ddp_fn_options_are_pytest_usage_errors_worded_for_pytest(pytester: pytest.Pytester) -> None:
+def test_bad_ddp_fn_options_are_pytest_usage_errors_worded_for_pytest(root_pytester: pytest.Pytester) -> None:
     """A --conformance-ddp-fn misuse stops pytest before any world starts, naming the pytest options."""
     result = _usage_error(
-        pytester, "--conformance-ddp-fn", "tests.forks.gallery_ddp_fairseq:DistributedFairseqModel"
+        root_pytester, "--conformance-ddp-fn", "tests.forks.gallery_ddp_fairseq:DistributedFairseqModel"
     )
     assert "--conformance-ddp-fn tests.forks.gallery_ddp_fairseq:DistributedFairseqModel has required parameter " \
         "'args' that no option fills; pass it on every call with --conformance-ddp-kwarg args=VALUE" \

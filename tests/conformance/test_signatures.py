@@ -5,8 +5,9 @@ The fork ``tests/forks/gallery_gather_with_sizes.py`` has a required keyword
 required process group before ``dim``, a module class built with its dim, a
 ``*buffers`` parameter and a list of every rank's sizes. Usage errors are
 checked in-process through ``main(argv)`` (no world starts); the verdicts in
-gloo worlds of 1, 2 and 3 ranks (the session's worlds, or the command as a
-subprocess for its exit status).
+gloo worlds of 1, 2 and 3 ranks (the session's worlds, or those of
+``main(argv)`` run in this process, for the command's exit status; the real
+process's exit statuses are test_cli's).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from nemo_dist.conformance.gather.target import _as_cat
 from nemo_dist.conformance.report import format_report
 from nemo_dist.conformance.signature import arguments, missing_in, parameters_after_x
 from nemo_dist.testing.plugin import WorldFactory
-from tests.conformance._cli import run_command
+from tests.conformance._cli import run_in_process
 from tests.forks import gallery_gather_forward_reduce_scatter_backward as colossal
 from tests.forks import gallery_gather_into_buffers as buffers
 from tests.forks import gallery_gather_with_sizes as fork
@@ -170,10 +171,10 @@ def test_a_hidden_required_parameter_is_one_usage_error_from_the_first_call(worl
     assert "pass it on every call with gather_kwarg dim=VALUE" in str(raised.value)
 
 
-def test_gather_with_sizes_conforms_on_core_with_the_two_flags() -> None:
+def test_gather_with_sizes_conforms_on_core_with_the_two_flags(capsys: pytest.CaptureFixture[str]) -> None:
     """--gather-kwarg dim=0 --gather-output 0 make the (gathered, sizes) gather checkable: CONFORMS, exit 0."""
-    result = run_command(
-        "--gather-fn", WITH_SIZES, "--gather-kwarg", "dim=0", "--gather-output", "0",
+    result = run_in_process(
+        capsys, "--gather-fn", WITH_SIZES, "--gather-kwarg", "dim=0", "--gather-output", "0",
         "--tier", "core", "-k", "gather", "--world-sizes", "1,2", *QUICK,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -182,10 +183,10 @@ def test_gather_with_sizes_conforms_on_core_with_the_two_flags() -> None:
     assert "CONFORMS (exit 0)" in result.stdout
 
 
-def test_a_hidden_missing_parameter_exits_two_naming_it_and_the_flag() -> None:
+def test_a_hidden_missing_parameter_exits_two_naming_it_and_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     """The command turns the first call's missing 'dim' into exit 2 with one message, no table."""
-    result = run_command("--gather-fn", f"{FORK}:timed_gather_with_sizes", "--tier", "core", "-k", "forward_matches",
-                         "--world-sizes", "2", *QUICK)
+    result = run_in_process(capsys, "--gather-fn", f"{FORK}:timed_gather_with_sizes", "--tier", "core",
+                            "-k", "forward_matches", "--world-sizes", "2", *QUICK)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "nemo-dist-conformance: error: --gather-fn tests.forks.gallery_gather_with_sizes:timed_gather_with_sizes " \
         "failed its first call on every rank for a missing parameter 'dim'" in result.stderr
