@@ -68,6 +68,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester whose runs, in this process or a subprocess, load the harness plugin as this project's own runs do
+    (the plugin is opt-in: pyproject's addopts name it here, and a pytester run reads no pyproject of ours)."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p nemo_dist.testing.plugin")
+    return pytester
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The session's own XDG_CACHE_HOME, for it and every process it starts.

@@ -1,6 +1,9 @@
 """The pytest front end: ``pytest conformance/ --conformance-gather MODULE ...``.
 
-Loaded by ``conformance/conftest.py``. Every registered check becomes one
+Loaded by the installed suite's conftest (``pytest --pyargs
+nemo_dist.conformance.pytest_suite``), by ``conformance/conftest.py`` in a
+clone, or with ``-p nemo_dist.conformance.pytest_plugin``; it loads the
+harness plugin itself. Every registered check becomes one
 test per world size of ``--dist-world-sizes`` (default 1,2,3,4), run in the
 nemo_dist plugin's session worlds; a check that needs no process group is one
 test, and a ddp check one test per entry point the module defines (the
@@ -31,6 +34,9 @@ import pytest
 
 # Modules, not names: a module-level name beginning pytest_ would be taken for a hook of this plugin.
 from nemo_dist.conformance import option_spec, options
+
+#: The harness plugin this front end runs its checks in (its worlds, ``--dist-*`` options): loaded with it.
+pytest_plugins = ["nemo_dist.testing.plugin"]
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -225,9 +225,11 @@ def test_pytest_front_end_writes_no_hypothesis_directory_in_the_cwd(tmp_path: Pa
 
 def test_pytest_front_end_refuses_a_bad_database_value(pytester: pytest.Pytester) -> None:
     """An empty --conformance-hypothesis-db is a pytest usage error naming the option and the way out."""
-    # In this process: the usage error stops pytest before anything runs (conformance is imported above).
+    # In this process: the usage error stops pytest before anything runs (conformance is imported above, so its
+    # plugin cannot be assert-rewritten again: pytest's warning of that is no finding here).
     result = pytester.runpytest_inprocess(
-        str(ROOT / "conformance"), "-p", "no:cacheprovider", "-q", "--conformance-hypothesis-db", ""
+        str(ROOT / "conformance"), "-p", "no:cacheprovider", "-q", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+        "--conformance-hypothesis-db", "",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     assert "--conformance-hypothesis-db expects a directory or 'none'" in result.stderr.str()
