@@ -15,6 +15,7 @@ took on the reference machine; machines differ by about 1.5 times).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -24,6 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from _side_by_side import alternate, baseline_tree, ratio_line
+
+#: The harness plugin. Trees before it was opt-in (d7a1283) relied on a pytest11 entry point to load it.
+PLUGIN = "nemo_dist.testing.plugin"
 
 #: How many of pytest's slowest durations each run reports.
 DURATIONS = 60
@@ -50,9 +54,17 @@ def by_file(output: str) -> list[tuple[str, float]]:
     return sorted(sums.items(), key=lambda item: -item[1])
 
 
+def plugin_opt_in(tree: Path) -> dict[str, str]:
+    """``PYTEST_ADDOPTS`` loading the harness plugin for a tree that relied on its entry point, where this
+    environment's install has none (so that tree's runs, pytester's included, find the plugin); else nothing."""
+    opts_in = re.search(rf"^addopts = .*{re.escape(PLUGIN)}", (tree / "pyproject.toml").read_text(), re.M)
+    installed = any(entry.value == PLUGIN for entry in importlib.metadata.entry_points(group="pytest11"))
+    return {} if opts_in or installed else {"PYTEST_ADDOPTS": f"-p {PLUGIN}"}
+
+
 def timed_gate(tree: Path) -> tuple[float, int, str]:
     """Wall seconds, exit status and output of ``tree``'s gate pytest command, its package first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree), **plugin_opt_in(tree)}
     command = [sys.executable, "-m", "pytest", *gate_command(tree), "-q", "-p", "no:cacheprovider",
                f"--durations={DURATIONS}"]
     start = time.perf_counter()
