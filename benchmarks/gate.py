@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -54,17 +55,24 @@ def by_file(output: str) -> list[tuple[str, float]]:
     return sorted(sums.items(), key=lambda item: -item[1])
 
 
-def plugin_opt_in(tree: Path) -> dict[str, str]:
-    """``PYTEST_ADDOPTS`` loading the harness plugin for a tree that relied on its entry point, where this
-    environment's install has none (so that tree's runs, pytester's included, find the plugin); else nothing."""
+def plugin_entry_point(tree: Path) -> dict[str, str]:
+    """For a tree that relied on the harness plugin's pytest11 entry point, where this environment's install has
+    none: a ``PYTHONPATH`` that also holds a distribution declaring it (entry points are read from every path
+    entry, so the tree's runs, pytester's in-process ones and its subprocesses alike, find the plugin as that tree's
+    own install did); else nothing."""
     opts_in = re.search(rf"^addopts = .*{re.escape(PLUGIN)}", (tree / "pyproject.toml").read_text(), re.M)
-    installed = any(entry.value == PLUGIN for entry in importlib.metadata.entry_points(group="pytest11"))
-    return {} if opts_in or installed else {"PYTEST_ADDOPTS": f"-p {PLUGIN}"}
+    if opts_in or any(entry.value == PLUGIN for entry in importlib.metadata.entry_points(group="pytest11")):
+        return {}
+    info = Path(tempfile.mkdtemp(prefix="nemo-dist-plugin-")) / "nemo_dist_plugin_entry_point-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nemo-dist-plugin-entry-point\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[pytest11]\nnemo_dist = {PLUGIN}\n")
+    return {"PYTHONPATH": f"{tree}{os.pathsep}{info.parent}"}
 
 
 def timed_gate(tree: Path) -> tuple[float, int, str]:
     """Wall seconds, exit status and output of ``tree``'s gate pytest command, its package first on the path."""
-    env = {**os.environ, "PYTHONPATH": str(tree), **plugin_opt_in(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree), **plugin_entry_point(tree)}
     command = [sys.executable, "-m", "pytest", *gate_command(tree), "-q", "-p", "no:cacheprovider",
                f"--durations={DURATIONS}"]
     start = time.perf_counter()
