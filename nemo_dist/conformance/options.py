@@ -37,8 +37,8 @@ __all__ = [
     "spelling",
 ]
 
-#: World sizes when ``--world-sizes`` is not given (the reference run takes
-#: well under 3 minutes with them on a 2-core machine; see conformance/README.md).
+#: World sizes when ``--world-sizes`` is not given (every check's range on a CPU machine; the reference
+#: run's time with them: benchmarks/results/).
 DEFAULT_WORLD_SIZES: tuple[int, ...] = (1, 2, 3, 4)
 #: Hypothesis examples per check when the command's ``--max-examples`` is not given.
 DEFAULT_MAX_EXAMPLES = 10

@@ -28,7 +28,7 @@ A2A_SYMBOLS: dict[str, str] = {
     "world_size": "the number of ranks of the call's group",
 }
 
-#: The README option table of an all-to-all callable (conformance/README.md, "Any all-to-all").
+#: The README option table of an all-to-all callable (docs/a2a.md, "Any all-to-all").
 TABLES = {_A2A: "what it says"}
 
 OPTIONS: tuple[Option, ...] = (

@@ -16,8 +16,7 @@ _NAMES = "names"  # the README table "| option | what it names |"
 _MOE = "moe"  # the README table "| option | what it says |" of the expert-parallel section
 
 
-#: The README option table of expert parallelism (conformance/README.md, "Mixture of experts under expert
-#: parallelism").
+#: The option table of expert parallelism (docs/moe.md).
 TABLES = {_MOE: "what it says"}
 
 OPTIONS: tuple[Option, ...] = (

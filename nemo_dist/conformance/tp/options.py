@@ -15,7 +15,7 @@ __all__ = ["OPTIONS", "TABLES", "TARGET"]
 _NAMES = "names"  # the README table "| option | what it names |"
 _TP = "tp"  # the README table "| option | what it says |" of a tensor-parallel plan
 
-#: The README option table of a tensor-parallel plan (conformance/README.md, "Any tensor-parallel plan").
+#: The README option table of a tensor-parallel plan (docs/tp.md, "Any tensor-parallel plan").
 TABLES = {_TP: "what it says"}
 
 OPTIONS: tuple[Option, ...] = (
