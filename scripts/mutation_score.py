@@ -315,7 +315,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample", type=int, default=25, help="mutants drawn (default 25; 0: every mutant)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     parser.add_argument("--world-sizes", default="1,2,3", help="world sizes of each conformance run (default 1,2,3)")
-    parser.add_argument("--write-table", action="store_true", help="rewrite the module's row of docs/mutation.md's table")
+    parser.add_argument("--write-table", action="store_true", help="rewrite the module's row in docs/mutation.md")
     parser.add_argument("--max-examples", type=int, default=10, help="hypothesis examples per check (default 10)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one conformance run may take")
     parser.add_argument("--list", action="store_true", help="list the sample's mutants (with diffs) and run nothing")
