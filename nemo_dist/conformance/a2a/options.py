@@ -46,7 +46,7 @@ OPTIONS: tuple[Option, ...] = (
         "others by {opt:a2a_kwarg}",
         docs=(
             Doc(_NAMES, "one autograd all-to-all instead: a function or a `torch.autograd.Function` subclass "
-                        "(see \"Any all-to-all\" below)"),
+                        "(see [Any all-to-all](a2a.md#any-all-to-all))"),
             Doc(_A2A, "the callable; a parameter named like a symbol below is filled with it, the tensor goes to "
                       "`@input` (default: the first parameter); a callable given no split sizes is checked on "
                       "equal splits"),

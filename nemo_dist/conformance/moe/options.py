@@ -25,8 +25,8 @@ OPTIONS: tuple[Option, ...] = (
         help="expert parallelism for a mixture-of-experts layer: a function (moe_layer, ep_mesh) -> layer "
         "(None: changed in place), checked on the suite's tiny top-k layer against one process",
         docs=(
-            Doc(_NAMES, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (see \"Mixture of "
-                        "experts under expert parallelism\" below)"),
+            Doc(_NAMES, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (see "
+                        "[docs/moe.md](moe.md))"),
             Doc(_MOE, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (None: changed in place), "
                       "`ep_mesh` a 1-D mesh over the world, or the 2-D mesh `--moe-mesh` names"),
         ),

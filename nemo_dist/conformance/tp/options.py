@@ -32,7 +32,8 @@ OPTIONS: tuple[Option, ...] = (
         "or a parallelize_module plan dict",
         docs=(
             Doc(_NAMES, "any tensor-parallel plan instead: a function `(model, tp_mesh) -> model` or a "
-                        "`parallelize_module` plan dict (see \"Any tensor-parallel plan\" below)"),
+                        "`parallelize_module` plan dict "
+                        "(see [Any tensor-parallel plan](tp.md#any-tensor-parallel-plan))"),
             Doc(_TP, "a function `(model, tp_mesh) -> model` (None: changed in place), or a dict of torch "
                      "parallel styles by module name, applied with `parallelize_module`"),
         ),
