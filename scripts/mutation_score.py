@@ -24,8 +24,8 @@ applicable by the code's own choice, kills the mutant. Printed per mutant:
   such a mutant is judged.
 
 A mutant that does not compile is killed without a run (nothing imports it).
-Then the totals and the time taken, and with ``--write-readme`` the module's
-row of the README's table is rewritten from them. Exit 0 when every mutant
+Then the totals and the time taken, and with ``--write-table`` the module's
+row of the table in docs/mutation.md is rewritten from them. Exit 0 when every mutant
 was killed or explained, 1 otherwise, 2 on a usage error.
 
 The checkout's own files are never modified.
@@ -76,8 +76,9 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
 
 #: How an EXPLAINED reason says the mutant changes only what a CPU run cannot observe.
 CPU_UNOBSERVABLE = "CUDA only (not observable on CPU)"
-#: The README table the script writes, between these markers: one row per module.
-README_TABLE = ("<!-- mutation-table -->", "<!-- /mutation-table -->")
+#: The page holding the table the script writes (``--write-table``), and the table's markers: one row per module.
+TABLE_PAGE = ROOT / "docs" / "mutation.md"
+TABLE_MARKERS = ("<!-- mutation-table -->", "<!-- /mutation-table -->")
 
 _CUDA_INDEX = "CUDA only (not observable on CPU): the GPU index of an NCCL rank with CUDA; the gpu tests check it"
 
@@ -314,7 +315,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample", type=int, default=25, help="mutants drawn (default 25; 0: every mutant)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     parser.add_argument("--world-sizes", default="1,2,3", help="world sizes of each conformance run (default 1,2,3)")
-    parser.add_argument("--write-readme", action="store_true", help="rewrite the module's row of the README's table")
+    parser.add_argument("--write-table", action="store_true", help="rewrite the module's row in docs/mutation.md")
     parser.add_argument("--max-examples", type=int, default=10, help="hypothesis examples per check (default 10)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one conformance run may take")
     parser.add_argument("--list", action="store_true", help="list the sample's mutants (with diffs) and run nothing")
@@ -392,13 +393,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     row = table_row(args.module, len(every), counts, args, seconds)
     print(row)
-    if args.write_readme:
-        write_readme_row(ROOT / "README.md", args.module, row)
+    if args.write_table:
+        write_table_row(TABLE_PAGE, args.module, row)
     return 1 if counts["survived"] or counts["unjudged"] else 0
 
 
 def table_row(module: str, mutants_found: int, counts: dict[str, int], args: argparse.Namespace, seconds: float) -> str:
-    """The README table's row of one run."""
+    """The table's row of one run."""
     judged = counts["killed"] + counts["survived"] + counts["unjudged"]
     return (
         f"| `{module}` | {mutants_found} | {args.seed} | {args.world_sizes} | {counts['killed']} / {judged} | "
@@ -406,17 +407,17 @@ def table_row(module: str, mutants_found: int, counts: dict[str, int], args: arg
     )
 
 
-def write_readme_row(readme: Path, module: str, row: str) -> None:
-    """Replace ``module``'s row of the table between :data:`README_TABLE`'s markers (or add it)."""
-    text = readme.read_text()
-    begin, end = README_TABLE
+def write_table_row(page: Path, module: str, row: str) -> None:
+    """Replace ``module``'s row of the table between :data:`TABLE_MARKERS` in ``page`` (or add it)."""
+    text = page.read_text()
+    begin, end = TABLE_MARKERS
     head, found, rest = text.partition(begin)
     table, closed, tail = rest.partition(end)
     if not (found and closed):
-        raise SystemExit(f"{readme}: no table between {begin} and {end}")
+        raise SystemExit(f"{page}: no table between {begin} and {end}")
     lines = table.strip("\n").splitlines()
     kept = [line for line in lines if not line.startswith(f"| `{module}` |")]
-    readme.write_text(f"{head}{begin}\n" + "\n".join([*kept, row]) + f"\n{end}{tail}")
+    page.write_text(f"{head}{begin}\n" + "\n".join([*kept, row]) + f"\n{end}{tail}")
 
 
 if __name__ == "__main__":

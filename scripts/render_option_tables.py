@@ -1,11 +1,11 @@
-"""Rewrite the README option tables from the conformance option table (``nemo_dist.conformance.options``).
+"""Rewrite the documentation's option tables from the conformance option table (``nemo_dist.conformance.options``).
 
     python scripts/render_option_tables.py [--check]
 
 Every block between ``<!-- options:NAME -->`` and ``<!-- /options:NAME -->``
-in README.md and conformance/README.md is rendered afresh
+in README.md and docs/*.md is rendered afresh
 (:func:`nemo_dist.conformance.option_docs.render_readme`). With ``--check``
-nothing is written: exit 1 naming each README that differs, 0 when none does.
+nothing is written: exit 1 naming each page that differs, 0 when none does.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The READMEs whose option tables are rendered.
-READMES = (ROOT / "README.md", ROOT / "conformance" / "README.md")
+#: The pages whose option tables are rendered: the front page and every page of docs/.
+READMES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 
 
 def main() -> int:
-    """Render (or with ``--check``, compare) every README's marked option tables; the exit status."""
+    """Render (or with ``--check``, compare) every page's marked option tables; the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a README differs")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from nemo_dist.conformance.option_docs import render_readme

@@ -1,10 +1,10 @@
-"""The README's option tables, rendered from the option table's ``docs``.
+"""The documentation's option tables, rendered from the option table's ``docs``.
 
-A README marks each table it takes from the options with a pair of comments,
+A page marks each table it takes from the options with a pair of comments,
 ``<!-- options:NAME -->`` and ``<!-- /options:NAME -->``; :func:`render_readme`
 rewrites what lies between them as :func:`render_table` gives it: one row per
 :class:`~nemo_dist.conformance.option_spec.Doc` of table ``NAME``, in the
-option table's order. ``scripts/render_option_tables.py`` writes the READMEs;
+option table's order. ``scripts/render_option_tables.py`` writes the pages;
 ``tests/conformance/test_option_table.py`` fails when one differs.
 """
 
@@ -22,8 +22,8 @@ __all__ = ["TABLES", "marked_tables", "render_readme", "render_table", "row_key"
 #: The README option tables by marker name: the header of their second column (a suite's own tables follow,
 #: declared in its options module: :func:`~nemo_dist.conformance.suites.suite_tables`).
 TABLES: Mapping[str, str] = {
-    "names": "what it names",  # conformance/README.md: what the options name to check
-    "wrapper": "what it says",  # conformance/README.md, "Any data-parallel wrapper": the --ddp-fn options
+    "names": "what it names",  # docs/conformance.md: what the options name to check
+    "wrapper": "what it says",  # docs/wrappers.md: the --ddp-fn options
     **suite_tables(),
 }
 

@@ -37,8 +37,8 @@ __all__ = [
     "spelling",
 ]
 
-#: World sizes when ``--world-sizes`` is not given (the reference run takes
-#: well under 3 minutes with them on a 2-core machine; see conformance/README.md).
+#: World sizes when ``--world-sizes`` is not given (every check's range on a CPU machine; the reference
+#: run's time with them: benchmarks/results/).
 DEFAULT_WORLD_SIZES: tuple[int, ...] = (1, 2, 3, 4)
 #: Hypothesis examples per check when the command's ``--max-examples`` is not given.
 DEFAULT_MAX_EXAMPLES = 10
@@ -84,7 +84,8 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
         "*args name spreads a list; repeatable (group= and uneven= are the checks' to pass)",
         docs=(Doc(_NAMES, "a keyword passed on every call of the callable (and `--no-grad-fn`), VALUE a Python "
                           "literal, a symbol filled per call (`@out_buffers`, `@row_sizes` ...) or `MODULE:NAME()` "
-                          '(a factory each rank calls once); repeatable (see "Any signature" below)'),),
+                          "(a factory each rank calls once); repeatable "
+                          "(see [Any signature](gather.md#any-signature))"),),
     ),
     Option(
         "--gather-init", metavar="NAME=VALUE", repeatable=True,
@@ -116,7 +117,7 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
             Doc(_NAMES, "any data-parallel wrapper instead of a ddp module, checked by behaviour (with `--ddp-method`, "
                         "`--ddp-kwarg`, `--ddp-output`, `--ddp-reduction`, `--ddp-buffers`, `--ddp-after-backward`, "
                         '`--ddp-grad-attr`, `--ddp-zero-grad`, `--ddp-start`, `--ddp-mesh`, `--ddp-compute-dtype`, '
-                        '`--ddp-reduce-dtype`: see "Any data-parallel wrapper" below)'),
+                        '`--ddp-reduce-dtype`: see [docs/wrappers.md](wrappers.md))'),
             Doc(_WRAPPER, "a function taking the model, or a class constructed with it: `fn(model, **kwargs)`. The "
                           "model goes to the parameter named `model` or `module`, else to the first positional "
                           "parameter no `--ddp-kwarg` names (so `DistributedFairseqModel(args, model)` works with "

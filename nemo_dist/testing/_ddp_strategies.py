@@ -11,7 +11,7 @@ __all__ = ["DDP_CONFIG_DEFAULTS", "SCOPE_GROUPS", "ddp_configs"]
 #: Layer groups a checkpointing scope may combine (besides "all" alone).
 SCOPE_GROUPS = ("language", "vision", "audio", "multimodal")
 
-#: The SPEC table's default of every DDPConfig field, as a user writes it.
+#: The contract's default of every DDPConfig field (docs/contract.md), as a user writes it.
 DDP_CONFIG_DEFAULTS: dict[str, Any] = {
     "activation_checkpointing": False,
     "activation_checkpointing_scope": "all",

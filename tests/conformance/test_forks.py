@@ -10,7 +10,7 @@ command, and every assertion about it reads that one report:
   the guarding checks only; a second, cheap run (one unshrunk example per
   check, a world of 2) takes it through every other check of its component,
   proving the tool gives each one a verdict;
-- a correct fork conforms; the forks written from the SPEC alone
+- a correct fork conforms; the forks written from the contract alone
   (``independent_*``) pass every check, ``--strict`` included, in worlds of
   1, 2 and 3; an upstream-style gather without ``uneven=`` or ``group=`` gets
   NOT SUPPORTED there, never a failure;

@@ -2,7 +2,7 @@
 
 Each fork under ``tests/forks/gallery_*`` is one pattern common in public
 contrastive-learning and model-parallel code, written from its description in
-``conformance/README.md`` (section "A gallery of all-gathers found in the
+``docs/gather.md`` (section "A gallery of all-gathers found in the
 wild"). Each is checked as a bare callable, through the same selection and
 runner as ``nemo-dist-conformance --gather-fn MODULE:NAME`` (with the flags
 :data:`CALLED_WITH` gives it, never an adapter file), and must get the core
@@ -105,7 +105,7 @@ def test_gallery_pattern_gets_its_core_verdict_and_likely_cause(
     """The pattern's verdict on the forward and gradient checks is the gallery's, naming its likely cause.
 
     The whole core tier of each pattern is what the command runs (its times
-    are in conformance/README.md); here the checks that tell the patterns apart.
+    are in docs/gather.md); here the checks that tell the patterns apart.
     """
     report, table = _run(spec, world_factory, "core", names=("gather.forward_matches_cat", GRADIENT_CHECKS[0]))
     assert report.exit_code() == exit_code, table

@@ -1,7 +1,7 @@
 """Layer 2: gloo worlds of 2 ranks. The gallery of autograd all-to-alls (``tests/forks/gallery_a2a_*``) and torch's.
 
 Each row re-expresses one public pattern (its docstring names it;
-``conformance/README.md`` has the table), correct or broken, and runs as
+``docs/a2a.md`` has the table), correct or broken, and runs as
 ``nemo-dist-conformance --a2a-fn ...`` runs it, every a2a check, in a world
 of 2. A correct row conforms (its core checks pass); a broken one fails
 exactly the checks it lists, its guards naming its cause. Every row but the

@@ -2,7 +2,7 @@
 
 Each module under ``tests/forks/gallery_checkpointing_*`` checkpoints the
 selected blocks its own way (its docstring names the public pattern;
-``conformance/README.md`` has the table) through every entry point
+``docs/ddp.md`` has the table) through every entry point
 (``tests/forks/_checkpointing.py``). A row runs the checkpointing checks of
 the ddp suite (the hand-made model, structural discovery, the real
 ``transformers`` models) with the module as ``--ddp`` and, where it applies,

@@ -1,7 +1,7 @@
 """Layer 2: gloo worlds of 1 and 2 ranks. The gallery of data-parallel wrappers, checked with ``--ddp-fn``.
 
 Each wrapper under ``tests/forks/gallery_ddp_*`` re-expresses one public
-pattern (its docstring names it; ``conformance/README.md`` has the table).
+pattern (its docstring names it; ``docs/wrappers.md`` has the table).
 Each gallery row is run once, through the same option parsing, selection
 and runner as ``nemo-dist-conformance --ddp-fn ... --world-sizes 1,2``
 (the wrapper checks, every tier), and every test of that row reads its one

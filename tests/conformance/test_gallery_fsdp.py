@@ -1,7 +1,7 @@
 """Layer 2: gloo worlds of 1 and 2 ranks (4 for HSDP). The gallery of sharded wrappers (FSDP2), by ``--ddp-fn``.
 
 Each wrapper under ``tests/forks/gallery_fsdp_*`` re-expresses one public
-pattern (its docstring names it; ``conformance/README.md`` has the table).
+pattern (its docstring names it; ``docs/wrappers.md`` has the table).
 Each row runs once, as ``nemo-dist-conformance --ddp-fn ... --ddp-kwarg
 mesh=@mesh`` runs it (the wrapper checks, every tier), and every test of
 that row reads its one report: correct sharded wrappers conform with no

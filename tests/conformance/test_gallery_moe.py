@@ -1,7 +1,7 @@
 """Layer 2: gloo worlds of 2 ranks. The gallery of expert parallelism (``tests/forks/gallery_moe_*``).
 
 Each row re-expresses one public pattern (its docstring names it;
-``conformance/README.md`` has the table) and runs as ``nemo-dist-conformance
+``docs/moe.md`` has the table) and runs as ``nemo-dist-conformance
 --moe-fn ...`` runs it, every moe check, in a world of 2 (the suite's 12
 experts, 6 a rank). A correct row conforms; a broken one fails exactly the
 checks it lists, naming its cause.

@@ -1,7 +1,7 @@
 """Layer 2: gloo worlds of 2 ranks. The gallery of tensor-parallel plans (``tests/forks/gallery_tp_*``).
 
 Each plan re-expresses one public pattern (its docstring names it;
-``conformance/README.md`` has the table), correct or broken. A row runs as
+``docs/tp.md`` has the table), correct or broken. A row runs as
 ``nemo-dist-conformance --tp-plan ... [--tp-model ...]`` runs it, the tp
 checks only, and every test of that row reads its one report. In the gate
 a broken row runs the checks guarding its bug (the others are ``thorough``),

@@ -1,4 +1,4 @@
-"""Layer 0 (no process group): one option table, read by both front ends, both Reproduce lines and the READMEs.
+"""Layer 0 (no process group): one option table, read by both front ends, both Reproduce lines and the docs.
 
 The pytest front end is read in this process through ``pytester.parseconfig``
 (its options parsed, no test collected, no world started).
@@ -19,7 +19,8 @@ from nemo_dist.conformance.option_spec import COMMAND, PYTEST, PYTEST_PREFIX, Op
 from tests.conformance._cli import ROOT
 
 _PLUGIN = ("-p", "nemo_dist.conformance.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
-_READMES = (ROOT / "README.md", ROOT / "conformance" / "README.md")
+#: The pages whose option tables are rendered (scripts/render_option_tables.py renders the same ones).
+_READMES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 
 
 class _ParserRecorder:
@@ -271,9 +272,9 @@ def test_a_readme_table_whose_row_differs_from_the_table_is_rendered_anew() -> N
         assert option_docs.render_readme(block.format(stale)) == block.format(fresh)
 
 
-def test_every_option_is_named_in_the_conformance_readme() -> None:
-    """Each front end's spelling of every option it declares appears in conformance/README.md (``-k``/``-q`` do)."""
-    text = (ROOT / "conformance" / "README.md").read_text()
+def test_every_option_is_named_in_the_docs() -> None:
+    """Each front end's spelling of every option it declares appears in the pages of docs/ (``-k``/``-q`` do)."""
+    text = "\n".join(page.read_text() for page in sorted((ROOT / "docs").glob("*.md")))
 
     def named(spelling: str) -> bool:
         return re.search(rf"(?<![\w-]){re.escape(spelling)}(?![\w-])", text) is not None

@@ -1,7 +1,7 @@
 """Broken DDP fork (test fixture): maps ``broadcast_buffers`` onto ``forward_sync_buffers``.
 
 On torch 2.13 ``forward_sync_buffers=False`` still broadcasts rank 0's buffers at
-construction, unlike upstream's ``broadcast_buffers=False`` (SPEC section 6).
+construction, unlike upstream's ``broadcast_buffers=False`` (docs/contract.md).
 Guarded by ``ddp.broadcast_buffers``: with False, rank-local buffers are overwritten.
 """
 

@@ -3,7 +3,7 @@ loaded back with ``from_pretrained(folder, tp_plan="auto")``, as transformers' T
 ``accelerate``; nothing is downloaded). transformers builds its own mesh over the whole world (a ``device_mesh=``
 is ignored), which is the tensor-parallel group of every 1-D check.
 
-A real target, not a re-expression: each architecture's verdict is in conformance/README.md.
+A real target, not a re-expression: each architecture's verdict is in docs/tp.md.
 """
 
 from __future__ import annotations

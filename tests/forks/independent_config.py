@@ -1,4 +1,4 @@
-"""Independent config fork (test fixture): ``DDPConfig`` written from SPEC section 2, no nemo_dist code.
+"""Independent config fork (test fixture): ``DDPConfig`` written from the contract (docs/contract.md), no nemo_dist code.
 
 Validation is table-driven: each bool field is checked by one loop, the scope is
 parsed with ``str.replace`` + ``split``, and every error names ``DDPConfig.<field>``.

@@ -1,6 +1,6 @@
-"""Independent DDP fork (test fixture): ``DDPManager`` written from SPEC section 2, no nemo_dist code.
+"""Independent DDP fork (test fixture): ``DDPManager`` written from the contract (docs/contract.md), no nemo_dist code.
 
-Layer groups its own way too, including the one rule beyond the SPEC that
+Layer groups its own way too, including the one rule beyond the contract that
 nemo_dist documents (a speech encoder-decoder's encoder is the audio group).
 Checkpointing its own way: each selected block is replaced by a small wrapper
 module that runs the block through ``torch.utils.checkpoint.checkpoint``

@@ -1,4 +1,4 @@
-"""Independent gather fork (test fixture): written from SPEC section 2, sharing no nemo_dist code.
+"""Independent gather fork (test fixture): written from the contract (docs/contract.md), sharing no nemo_dist code.
 
 Upstream style: list ``all_gather`` + ``cat`` forward, ``stack`` + ``all_reduce`` +
 slice backward. ``uneven=True`` learns every rank's shape and dtype with

@@ -28,7 +28,7 @@ A2A_SYMBOLS: dict[str, str] = {
     "world_size": "the number of ranks of the call's group",
 }
 
-#: The README option table of an all-to-all callable (conformance/README.md, "Any all-to-all").
+#: The README option table of an all-to-all callable (docs/a2a.md, "Any all-to-all").
 TABLES = {_A2A: "what it says"}
 
 OPTIONS: tuple[Option, ...] = (
@@ -46,7 +46,7 @@ OPTIONS: tuple[Option, ...] = (
         "others by {opt:a2a_kwarg}",
         docs=(
             Doc(_NAMES, "one autograd all-to-all instead: a function or a `torch.autograd.Function` subclass "
-                        "(see \"Any all-to-all\" below)"),
+                        "(see [Any all-to-all](a2a.md#any-all-to-all))"),
             Doc(_A2A, "the callable; a parameter named like a symbol below is filled with it, the tensor goes to "
                       "`@input` (default: the first parameter); a callable given no split sizes is checked on "
                       "equal splits"),

@@ -1,7 +1,7 @@
 """Conformance checks of ``DDPConfig``.
 
 These need no process group: each runs once, in the parent process (``world``
-is None).  The defaults are the SPEC's table; scopes are normalised to a
+is None).  The defaults are the contract's table (docs/contract.md); scopes are normalised to a
 tuple, and unknown or mixed scope names fail at construction naming the
 field: that is what upstream's dataclass does (core).  Every other bad value
 (a negative bucket size, a string where a bool belongs) failing at
@@ -19,17 +19,17 @@ from nemo_dist.conformance.registry import check
 from nemo_dist.testing.strategies import DDP_CONFIG_DEFAULTS
 
 __all__ = [
+    "CONTRACT_DEFAULTS",
     "INVALID_CONFIGS",
     "INVALID_SCOPES",
     "SCOPE_NORMALISATIONS",
-    "SPEC_DEFAULTS",
     "VALUE_NORMALISATIONS",
     "config_rejection",
     "rejection",
 ]
 
-#: The SPEC's defaults of every DDPConfig field (the scope as normalised).
-SPEC_DEFAULTS: dict[str, Any] = {**DDP_CONFIG_DEFAULTS, "activation_checkpointing_scope": ("all",)}
+#: The contract's defaults of every DDPConfig field (docs/contract.md; the scope as normalised).
+CONTRACT_DEFAULTS: dict[str, Any] = {**DDP_CONFIG_DEFAULTS, "activation_checkpointing_scope": ("all",)}
 
 #: (readable id, field, bad value): scope names upstream rejects, naming the field (core).
 INVALID_SCOPES: list[tuple[str, str, Any]] = [
@@ -120,11 +120,13 @@ def rejection(config_class: type, field: str, value: Any) -> str:
 
 @check("config.defaults_match_spec", tier="core", component="config", needs_world=False)
 def defaults_match_spec(world: None, impl: Implementation) -> None:
-    """DDPConfig() has the SPEC's default for every field."""
+    """DDPConfig() has the contract's default (docs/contract.md) for every field."""
     config = impl.module("config").DDPConfig()
-    for field, expected in SPEC_DEFAULTS.items():
+    for field, expected in CONTRACT_DEFAULTS.items():
         got = getattr(config, field, "<missing>")
-        assert got == expected, f"DDPConfig().{field} is {got!r}, the SPEC's default is {expected!r}"
+        assert got == expected, (
+            f"DDPConfig().{field} is {got!r}, the contract's default (docs/contract.md) is {expected!r}"
+        )
 
 
 @check("config.scope_names_validated", tier="core", component="config", needs_world=False)

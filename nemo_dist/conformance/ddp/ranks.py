@@ -215,7 +215,7 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
 
     The model (:func:`~nemo_dist.conformance.ddp.models.bucket_model`) has 24
     float64 parameters of 2 KiB. A layout is what a comm hook sees on step
-    ``steps`` (DDP has rebuilt its buckets by then: SPEC section 6): the
+    ``steps`` (DDP has rebuilt its buckets by then: docs/contract.md, the facts of torch 2.13): the
     buckets in order, each the indices of its parameters in
     ``model.parameters()`` order. Returns ``{repr(cap): {"got": layout,
     "torch": layout, "got_cap_bytes": the DDP's ``bucket_bytes_cap``,
@@ -233,7 +233,7 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
         if not isinstance(wrapped, DistributedDataParallel):
             return NotDDP(type(wrapped).__name__)
         device = device_of(wrapped)
-        # The other options that shape buckets as the entry point's DDP has them (SPEC section 6).
+        # The other options that shape buckets as the entry point's DDP has them (docs/contract.md).
         options: dict[str, Any] = {
             name: getattr(wrapped, name) for name in ("find_unused_parameters", "gradient_as_bucket_view")
         }

@@ -1,4 +1,4 @@
-"""Core-tier conformance checks of the gather component (SPEC section 2, ``dist_utils``).
+"""Core-tier conformance checks of the gather component (docs/contract.md, ``dist_utils``).
 
 Core is exactly what upstream (nemo-automodel 0.7.0) does: forward and
 backward of the gather rule with equal shapes, nothing the caller owns

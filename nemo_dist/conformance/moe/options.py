@@ -16,8 +16,7 @@ _NAMES = "names"  # the README table "| option | what it names |"
 _MOE = "moe"  # the README table "| option | what it says |" of the expert-parallel section
 
 
-#: The README option table of expert parallelism (conformance/README.md, "Mixture of experts under expert
-#: parallelism").
+#: The option table of expert parallelism (docs/moe.md).
 TABLES = {_MOE: "what it says"}
 
 OPTIONS: tuple[Option, ...] = (
@@ -26,8 +25,8 @@ OPTIONS: tuple[Option, ...] = (
         help="expert parallelism for a mixture-of-experts layer: a function (moe_layer, ep_mesh) -> layer "
         "(None: changed in place), checked on the suite's tiny top-k layer against one process",
         docs=(
-            Doc(_NAMES, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (see \"Mixture of "
-                        "experts under expert parallelism\" below)"),
+            Doc(_NAMES, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (see "
+                        "[docs/moe.md](moe.md))"),
             Doc(_MOE, "expert parallelism: a function `(moe_layer, ep_mesh) -> layer` (None: changed in place), "
                       "`ep_mesh` a 1-D mesh over the world, or the 2-D mesh `--moe-mesh` names"),
         ),

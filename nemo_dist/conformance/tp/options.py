@@ -15,7 +15,7 @@ __all__ = ["OPTIONS", "TABLES", "TARGET"]
 _NAMES = "names"  # the README table "| option | what it names |"
 _TP = "tp"  # the README table "| option | what it says |" of a tensor-parallel plan
 
-#: The README option table of a tensor-parallel plan (conformance/README.md, "Any tensor-parallel plan").
+#: The README option table of a tensor-parallel plan (docs/tp.md, "Any tensor-parallel plan").
 TABLES = {_TP: "what it says"}
 
 OPTIONS: tuple[Option, ...] = (
@@ -32,7 +32,8 @@ OPTIONS: tuple[Option, ...] = (
         "or a parallelize_module plan dict",
         docs=(
             Doc(_NAMES, "any tensor-parallel plan instead: a function `(model, tp_mesh) -> model` or a "
-                        "`parallelize_module` plan dict (see \"Any tensor-parallel plan\" below)"),
+                        "`parallelize_module` plan dict "
+                        "(see [Any tensor-parallel plan](tp.md#any-tensor-parallel-plan))"),
             Doc(_TP, "a function `(model, tp_mesh) -> model` (None: changed in place), or a dict of torch "
                      "parallel styles by module name, applied with `parallelize_module`"),
         ),
