@@ -223,7 +223,7 @@ CONFORMANCE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "inworld")),
     ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2", "tp", "a2a", "moe")),
     ("the package", ("",)),
-    ("front ends", ("arguments", "option_docs", "cli", "__main__", "pytest_plugin", "rank_preload")),
+    ("front ends", ("arguments", "option_docs", "cli", "__main__", "pytest_plugin", "pytest_suite", "rank_preload")),
 )
 
 
