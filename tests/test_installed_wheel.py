@@ -4,9 +4,10 @@ The wheel is built from this tree and installed, without dependencies, into a
 fresh virtual environment in a temporary directory; the environment sees this
 one's installed packages (torch, hypothesis, pytest...) through a path file,
 but not this clone (every command runs in an empty directory). From there the
-console script starts (``--version``, ``--help``), a short main-job selection
-conforms, the shipped pytest suite runs with ``pytest --pyargs``, and the
-wheel's declared dependencies cover every third-party module a run imports.
+console script starts (``--version``), ``--help`` and a short main-job
+selection run and conform, the shipped pytest suite runs with ``pytest
+--pyargs``, and the wheel's declared dependencies cover every third-party
+module a run imports.
 ``--thorough`` also installs the wheel with its dependencies resolved by pip.
 """
 
@@ -24,6 +25,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: One worker builds and installs the wheel once for every test here.
+pytestmark = pytest.mark.xdist_group(name="installed_wheel")
+
 #: Modules a dependency imports where they happen to be installed, and does without (torch.hub's progress bar).
 _OPTIONAL = {"tqdm"}
 
@@ -32,9 +36,14 @@ _OPTIONAL = {"tqdm"}
 _PROBE = """
 import json, re, sys, importlib.metadata as m
 from nemo_dist.conformance.cli import main
-code = main(['-q', '-k', 'config.scope', '--world-sizes', '1'])
+try:
+    main(['--help'])
+except SystemExit as exc:
+    assert exc.code == 0, exc.code
+code = main(['-q', '-k', 'gather.forward_matches_cat', '--world-sizes', '1,2', '--json', 'report.json'])
 owners = m.packages_distributions()
-tops = {n.split('.')[0] for n in sys.modules} - set(sys.stdlib_module_names) - {'nemo_dist', '__main__'}
+loaded = {n.split('.')[0] for n, module in list(sys.modules.items()) if getattr(module, '__file__', None)}
+tops = loaded - set(sys.stdlib_module_names) - {'nemo_dist', '__main__'}
 def names(dist):
     return [re.split('[ <>=!~;\\[]', r, maxsplit=1)[0].lower() for r in m.requires(dist) or [] if 'extra ==' not in r]
 declared = names('nemo-dist')
@@ -81,43 +90,36 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_installed_command_starts_and_names_its_versions(installed: Path) -> None:
+    """The console script starts from the wheel's copy of the package, not this clone's."""
     here = installed.parent.parent / "empty"
     version = _run([str(installed / "nemo-dist-conformance"), "--version"], cwd=here)
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("nemo-dist-conformance nemo_dist 0.1.0  torch ")
     where = _run([str(installed / "python"), "-c", "import nemo_dist; print(nemo_dist.__file__)"], cwd=here)
-    assert where.stdout.startswith(str(installed.parent)), where.stdout  # the wheel's copy, not this clone
-    help_text = _run([str(installed / "nemo-dist-conformance"), "--help"], cwd=here)
-    assert help_text.returncode == 0
-    assert "the moe suite:" in help_text.stdout
-
-
-def test_a_main_job_selection_conforms_from_the_installed_wheel(installed: Path) -> None:
-    here = installed.parent.parent / "empty"
-    run = _run([str(installed / "nemo-dist-conformance"), "-q", "-k", "gather.forward_matches_cat", "--world-sizes",
-                "1,2", "--json", "report.json"], cwd=here)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "-> CONFORMS (exit 0)" in run.stdout
-    assert json.loads((here / "report.json").read_text())["summary"]["counts"]["pass"] == 2
+    assert where.stdout.startswith(str(installed.parent)), where.stdout
 
 
 def test_the_shipped_pytest_suite_runs_with_pyargs(installed: Path) -> None:
     here = installed.parent.parent / "empty"
     run = _run([str(installed / "python"), "-m", "pytest", "-p", "nemo_dist.conformance.pytest_plugin", "--pyargs",
                 "nemo_dist.conformance.pytest_suite", "-q", "-p", "no:cacheprovider", "-k", "forward_matches_cat",
-                "--dist-world-sizes", "2"], cwd=here)
+                "--dist-world-sizes", "1"], cwd=here)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed" in run.stdout
 
 
-def test_the_declared_dependencies_cover_what_a_run_imports(installed: Path) -> None:
-    """After a run in-process, every third-party top-level module loaded belongs to a declared dependency (torch,
+def test_a_main_job_selection_conforms_and_imports_only_declared_dependencies(installed: Path) -> None:
+    """``--help``, then a main-job selection in worlds of 1 and 2 from the installed package: it conforms (its JSON
+    report says so), and every third-party top-level module then loaded belongs to a declared dependency (torch,
     hypothesis, numpy) or to one they require, or is one a dependency imports only where installed: a new import
     the wheel does not declare fails here."""
-    run = _run([str(installed / "python"), "-c", _PROBE], cwd=installed.parent.parent / "empty")
+    here = installed.parent.parent / "empty"
+    run = _run([str(installed / "python"), "-c", _PROBE], cwd=here)
     assert run.returncode == 0, run.stderr
     found = json.loads(run.stdout.splitlines()[-1])
     assert found["code"] == 0
+    assert "the moe suite:" in run.stdout  # --help, grouped by suite
+    assert json.loads((here / "report.json").read_text())["summary"]["counts"]["pass"] == 2
     assert sorted(found["declared"]) == ["hypothesis", "numpy", "torch"]
     closure = {_normal(d) for d in found["closure"]}
     undeclared = {top: owners for top, owners in found["tops"].items()
