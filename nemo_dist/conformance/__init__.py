@@ -32,25 +32,44 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
-from nemo_dist.conformance.implementation import Implementation
-from nemo_dist.conformance.json_report import write_json
-from nemo_dist.conformance.junit import write_junit_xml
-from nemo_dist.conformance.profile import hypothesis_settings
-from nemo_dist.conformance.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.runner import run_case, run_check, run_checks
-from nemo_dist.conformance.suites import SUITE_PACKAGES
-from nemo_dist.conformance.target import (
-    COMPONENTS,
-    PRESETS,
-    REFERENCE,
-    checked_components,
-    resolve_implementation,
-    validate_implementation,
-)
-from nemo_dist.conformance.verdicts import Report, Verdict, is_not_supported
+if TYPE_CHECKING:  # the names below load on first use (:func:`__getattr__`); mypy reads them from here
+    from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
+    from nemo_dist.conformance.implementation import Implementation
+    from nemo_dist.conformance.json_report import write_json
+    from nemo_dist.conformance.junit import write_junit_xml
+    from nemo_dist.conformance.profile import hypothesis_settings
+    from nemo_dist.conformance.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
+    from nemo_dist.conformance.report import format_report
+    from nemo_dist.conformance.runner import run_case, run_check, run_checks
+    from nemo_dist.conformance.suites import SUITE_PACKAGES
+    from nemo_dist.conformance.target import (
+        COMPONENTS,
+        PRESETS,
+        REFERENCE,
+        checked_components,
+        resolve_implementation,
+        validate_implementation,
+    )
+    from nemo_dist.conformance.verdicts import Report, Verdict, is_not_supported
+
+#: Each public name and the module that defines it: imported when first asked for, so that importing the package
+#: (or any module of it: the option table, the command's parser) imports no suite, torch or hypothesis.
+_EXPORTS = {
+    **dict.fromkeys(("MissingParameter", "NotApplicable", "NotSupported", "OptionError"), "errors"),
+    "Implementation": "implementation",
+    "write_json": "json_report",
+    "write_junit_xml": "junit",
+    "hypothesis_settings": "profile",
+    **dict.fromkeys(("CHECKS", "TIERS", "Case", "Check", "WorldLike", "cases", "check", "select_checks"), "registry"),
+    "format_report": "report",
+    **dict.fromkeys(("run_case", "run_check", "run_checks"), "runner"),
+    "SUITE_PACKAGES": "suites",
+    **dict.fromkeys(("COMPONENTS", "PRESETS", "REFERENCE", "checked_components", "resolve_implementation",
+                     "validate_implementation"), "target"),
+    **dict.fromkeys(("Report", "Verdict", "is_not_supported"), "verdicts"),
+}
 
 __all__ = [
     "CHECKS",
@@ -88,16 +107,34 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (:data:`_EXPORTS`)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 def load_checks() -> dict[str, Check]:
-    """Import the bundled suites (registering their checks); return :data:`CHECKS`, in registration order."""
+    """Import the bundled suites (registering their checks); return :data:`CHECKS`, in registration order.
+
+    Idempotent; every front end calls it before it selects checks (the package's import loads nothing)."""
+    from nemo_dist.conformance.registry import CHECKS
+    from nemo_dist.conformance.suites import SUITE_PACKAGES
+
     for name in SUITE_PACKAGES:
         importlib.import_module(name)
     return CHECKS
 
 
 def run_conformance(
-    impl: Implementation = REFERENCE,
+    impl: Implementation | None = None,
     world_sizes: Sequence[int] = (1, 2, 3, 4),
     tier: str = "all",
     max_examples: int | None = 10,
@@ -108,7 +145,7 @@ def run_conformance(
     timeout: float = 120.0,
     on_verdict: Callable[[Verdict], None] | None = None,
 ) -> Report:
-    """Run the registered checks of ``tier`` for the components ``impl`` names.
+    """Run the registered checks of ``tier`` for the components ``impl`` names (None: the bundled reference).
 
     One persistent world per size in ``world_sizes`` (gloo by default);
     ``select`` keeps checks whose name contains it; ``components`` limits
@@ -117,6 +154,11 @@ def run_conformance(
     Raises ``MissingParameter`` (a usage error) when the gather callable's first
     call fails for a parameter no ``gather_kwargs`` fills.
     """
+    from nemo_dist.conformance.registry import select_checks
+    from nemo_dist.conformance.runner import run_checks
+    from nemo_dist.conformance.target import REFERENCE
+
+    impl = REFERENCE if impl is None else impl
     checks = select_checks(load_checks().values(), impl, tier, select, components)
     return run_checks(
         checks,
@@ -129,6 +171,3 @@ def run_conformance(
         on_verdict=on_verdict,
         components=components,
     )
-
-
-load_checks()
