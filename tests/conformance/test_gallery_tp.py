@@ -211,3 +211,16 @@ def test_a_model_starting_with_a_linear_is_fed_features_or_the_declared_input(
     table = format_report(report)
     assert [v.outcome for v in report.verdicts] == ["pass"] * 3, table
     assert "tp=" + G + "mlp_only:FEATURE_PLAN" in table, table
+
+
+@pytest.mark.xdist_group(name="tp_gallery_raises_on_one_rank")
+def test_a_plan_raising_on_one_rank_shows_its_exception_never_a_hang(world_factory: WorldFactory) -> None:
+    """Rank 1 raises while parallelizing, rank 0 waits for it in the forward's all-reduce: the check FAILs with rank
+    1's exception (before, the target's error was returned and rank 0's wait was reported as a HANG)."""
+    impl, components = resolve_implementation(suite_options={"tp_plan": G + "raises_on_one_rank:plan"})
+    checks = [c for c in select_checks(load_checks().values(), impl, "all", None, components) if c.name == FORWARD]
+    report = run_checks(checks, impl, (2,), worlds=world_factory, components=components, min_deadline=2.0)
+    table = format_report(report)
+    assert [v.outcome for v in report.verdicts] == ["fail"], table
+    assert "rank 1 raised" in report.verdicts[0].message, table
+    assert "RuntimeError: this plan breaks on rank 1" in report.verdicts[0].message, table

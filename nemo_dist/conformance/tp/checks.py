@@ -28,6 +28,7 @@ from nemo_dist.conformance.registry import WorldLike, thorough
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC, failure, tp_check
 from nemo_dist.conformance.tp.target import OWN_MODELS, model_names
+from nemo_dist.testing import RankFailure
 
 __all__ = [
     "attention_head_counts_are_local",
@@ -65,9 +66,36 @@ def splits(world_size: int, model: str) -> bool:
     return ":" in model or KV_HEADS % world_size == 0
 
 
+#: The first line of a rank's failure where the target raised (:class:`~.ranks.TargetRaised`).
+_RAISED = re.compile(r"^rank \d+ raised (?:[\w.]+\.)?TargetRaised: (?P<where>[^:]+): (?P<error>.*)$")
+
+
+def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's report of :func:`~.ranks.run` of ``spec``; a rank where the target raised reports
+    ``{"error", "where", "traceback", "tp", "dp"}``. A target that raised on some ranks while the others waited
+    for it in a collective is a ``RankFailure`` as the harness reports it (the exception, and where the others
+    were stuck), raised here as it is: never a hang, never a report; so is a rank that died or broke elsewhere."""
+    try:
+        return world.run(ranks.run, impl, spec)
+    except RankFailure as exc:
+        found: list[dict[str, Any]] = []
+        for rank in range(world.size):
+            text = exc.failures.get(rank, "")
+            raised = _RAISED.match(text.splitlines()[0]) if text else None
+            if rank in exc.returned:
+                found.append(exc.returned[rank])
+            elif raised is None:
+                raise
+            else:
+                dp = spec.get("dp", 1)
+                found.append({"error": raised["error"], "where": raised["where"], "traceback": text,
+                              "tp": world.size // dp, "dp": dp})
+        return found
+
+
 def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec: Any) -> list[dict[str, Any]]:
     """Every rank's report of one run; a target that raised on any rank is a failure naming it and its error."""
-    found = world.run(ranks.run, impl, {"model": model, "sp": sp, **spec})
+    found = run_reports(world, impl, {"model": model, "sp": sp, **spec})
     if any("unbuilt" in r for r in found):
         raise Unbuilt(f"{model} does not build from the suite's tiny config: {found[0].get('unbuilt')}")
     raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]

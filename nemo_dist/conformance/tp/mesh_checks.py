@@ -22,6 +22,7 @@ from nemo_dist.conformance.tp.checks import (
     matrix,
     off_gradients,
     reports,
+    run_reports,
     variants,
 )
 from nemo_dist.conformance.tp.target import OWN_MODELS, TWO_KV_HEADS, model_names
@@ -42,7 +43,7 @@ def sequence_length_not_divisible_refused_or_correct(world: WorldLike, impl: Imp
     sequence_parallel = max(variants(impl))  # a module's plans with it on; a plan as it is
     for model, sp in matrix(world.size, impl, only=(OWN_MODELS[0], sequence_parallel)):
         if sp == sequence_parallel:
-            found = world.run(ranks.run, impl, {"model": model, "sp": sp, "seq": seq})
+            found = run_reports(world, impl, {"model": model, "sp": sp, "seq": seq})
             where = f"{label(model, sp)}, sequence of {seq} over {world.size} ranks"
             raised = [rank for rank, report in enumerate(found) if "error" in report]
             checked += 1
@@ -93,7 +94,7 @@ def indivisible_heads_refused_on_every_rank(world: WorldLike, impl: Implementati
     else:
         raise NotApplicable("a --tp-model is checked for indivisible heads in a world of 3")
     for sp in variants(impl):
-        found = world.run(ranks.run, impl, {"model": model, "sp": sp})
+        found = run_reports(world, impl, {"model": model, "sp": sp})
         where = f"{label(model, sp)} over {world.size} ranks"
         raised = [rank for rank, report in enumerate(found) if "error" in report]
         if len(raised) == len(found):

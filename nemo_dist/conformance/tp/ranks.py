@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import traceback
 from typing import Any
 
 import torch
@@ -31,7 +30,7 @@ from nemo_dist.conformance.tp import target
 
 __all__ = ["run", "tp_replicated", "warm_up"]
 
-_RUNS: dict[Any, dict[str, Any]] = {}
+_RUNS: dict[Any, dict[str, Any] | TargetRaised] = {}
 _SEED = 11
 _BATCH_PER_DP_RANK = 2
 
@@ -187,16 +186,29 @@ def _optimizer(kind: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=0.01, foreach=False)
 
 
+class TargetRaised(Exception):
+    """The target raised on this rank: ``"WHERE: Type: message"`` (WHERE: ``parallelizing``, ``in forward``...),
+    the target's exception chained. Raised, not returned, so that ranks the target left waiting in a collective
+    are reported stuck beside this rank's exception, never as a hang of their own; the parent reads a raise on
+    every rank back as each rank's error report (:func:`~nemo_dist.conformance.tp.checks.run_reports`)."""
+
+
 def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     """Shard and train as ``spec`` says (model, sequence_parallel, dp, seq, steps); the report described above.
 
-    A target that raises reports ``{"error": ..., "where": ...}`` instead
-    (the parent judges it), so every rank returns and none hangs on the others.
+    A target that raises raises :class:`TargetRaised`. A run is made once per target and spec on a rank, its
+    report or its raise kept for the next check.
     """
     key = (impl, tuple(sorted((k, str(v)) for k, v in spec.items())))
     if key not in _RUNS:
-        _RUNS[key] = _run(impl, spec)
-    return _RUNS[key]
+        try:
+            _RUNS[key] = _run(impl, spec)
+        except TargetRaised as exc:
+            _RUNS[key] = exc
+    found = _RUNS[key]
+    if isinstance(found, TargetRaised):
+        raise found
+    return found
 
 
 def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
@@ -272,6 +284,5 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         report["tied_trained"] = _tied(model)
         report["steps"] = tuple(spec.get("steps", ()))
         return report
-    except Exception as exc:  # the parent judges a raising target; every rank returns
-        return {"error": f"{type(exc).__name__}: {exc}", "where": where, "traceback": traceback.format_exc(),
-                "tp": tp, "dp": dp}
+    except Exception as exc:  # the parent judges a raising target (run_reports)
+        raise TargetRaised(f"{where}: {type(exc).__name__}: {exc}") from exc
