@@ -16,9 +16,12 @@ target being 0.75 (the 300 s figure is what that commit took on the reference ma
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,15 +59,18 @@ def by_file(output: str) -> list[tuple[str, float]]:
     return sorted(sums.items(), key=lambda item: -item[1])
 
 
+@functools.cache
 def plugin_entry_point(tree: Path) -> dict[str, str]:
     """For a tree that relied on the harness plugin's pytest11 entry point, where this environment's install has
     none: a ``PYTHONPATH`` that also holds a distribution declaring it (entry points are read from every path
     entry, so the tree's runs, pytester's in-process ones and its subprocesses alike, find the plugin as that tree's
-    own install did); else nothing."""
+    own install did); else nothing. Made once per tree and run of this script, and removed at its exit."""
     opts_in = re.search(rf"^addopts = .*{re.escape(PLUGIN)}", (tree / "pyproject.toml").read_text(), re.M)
     if opts_in or any(entry.value == PLUGIN for entry in importlib.metadata.entry_points(group="pytest11")):
         return {}
-    info = Path(tempfile.mkdtemp(prefix="nemo-dist-plugin-")) / "nemo_dist_plugin_entry_point-0.dist-info"
+    where = Path(tempfile.mkdtemp(prefix="nemo-dist-plugin-"))
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    info = where / "nemo_dist_plugin_entry_point-0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nemo-dist-plugin-entry-point\nVersion: 0\n")
     (info / "entry_points.txt").write_text(f"[pytest11]\nnemo_dist = {PLUGIN}\n")

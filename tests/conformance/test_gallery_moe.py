@@ -54,6 +54,12 @@ def _cause(text: str) -> str:
     return text.split(":")[0]
 
 
+def _experts_scaled(factor: float, implied: str) -> str:
+    """The start of the cause of expert gradients off by an exact ``factor`` (the sizes it ``implied``)."""
+    what = "the gradients of experts.w1, experts.w2 are"
+    return causes.FACTOR.format(what=what, factor=factor, implied=f" ({implied}")
+
+
 #: A composition averaged over the data-parallel ranks.
 COMPOSED_MEAN = {"moe_mesh": "edp,ep", "moe_reduction": "mean"}
 #: The same with tensor parallelism: the ranks of a tp group share a batch, averaged over the data-parallel size.
@@ -78,7 +84,7 @@ GALLERY: dict[str, Row] = {
     ),
     "expert_grads_averaged": Row(
         G + "expert_grads_averaged:apply_ep", frozenset({GRADIENTS, TRAINS}),
-        "the gradients of experts.w1, experts.w2 are exactly 0.5 times one process's on every rank (/ W = ep = 2",
+        _experts_scaled(0.5, "/ W = ep = 2"),
     ),
     # Nothing proves where the wrong owner's rows go: the failures say what differs and name no cause.
     "owner_round_robin": Row(
@@ -105,17 +111,17 @@ GALLERY: dict[str, Row] = {
     "composed_summed": Row(G + "composed:apply_ep_summed", options={"moe_mesh": "edp,ep"}),
     "composed_experts_averaged_over_replicas": Row(
         G + "composed_bugs:experts_averaged_over_replicas", frozenset({GRADIENTS, TRAINS}),
-        "the gradients of experts.w1, experts.w2 are exactly 2 times one process's on every rank (x W = ep = 2",
+        _experts_scaled(2, "x W = ep = 2"),
         options=COMPOSED_MEAN,
     ),
     "composed_experts_divided_by_ep": Row(
         G + "composed_bugs:experts_divided_by_ep", frozenset({GRADIENTS, TRAINS}),
-        "the gradients of experts.w1, experts.w2 are exactly 2 times one process's on every rank (x W = edp = 2",
+        _experts_scaled(2, "x W = edp = 2"),
         options=COMPOSED_MEAN,
     ),
     "composed_experts_divided_by_world_times_ep": Row(
         G + "composed_bugs:experts_divided_by_world_times_ep", frozenset({GRADIENTS, TRAINS}),
-        "the gradients of experts.w1, experts.w2 are exactly 0.5 times one process's on every rank (/ W = ep = 2",
+        _experts_scaled(0.5, "/ W = ep = 2"),
         options=COMPOSED_MEAN,
     ),
     "composed_experts_never_reduced": Row(
@@ -135,7 +141,7 @@ GALLERY: dict[str, Row] = {
     "tp_split": Row(G + "tp:split", options=TP_MEAN),
     "tp_tokens_counted_tp_times": Row(
         G + "tp:tokens_counted_tp_times", frozenset({GRADIENTS, TRAINS}),
-        "the gradients of experts.w1, experts.w2 are exactly 2 times one process's on every rank (x W = tp = 2",
+        _experts_scaled(2, "x W = tp = 2"),
         options=TP_MEAN,
     ),
     # Nothing proves that a tp rank's router holds its share of the batch's gradient: what differs is said.

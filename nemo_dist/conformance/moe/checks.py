@@ -290,7 +290,7 @@ def _sizes(size: int, layout: Layout) -> dict[str, int]:
         return {"W": size, "ep": size}
     found = {"W": size, "ep": layout[1], "edp": layout[0]}
     if len(layout) > 2:
-        found.update(tp=layout[2], dp=size // layout[2])
+        found.update(tp=tp_size(layout), dp=batches(layout, size))
     return found
 
 
