@@ -146,10 +146,10 @@ def layouts(impl: Implementation, size: int, experts: int) -> list[Layout]:
         return [None]
     with_tp = impl.suite_option("moe_mesh") == MESHES[2]
     found: list[Layout] = []
-    for tp in range(1, size + 1) if with_tp else (1,):
+    for tp in [t for t in range(1, size + 1) if size % t == 0] if with_tp else [1]:
         dp = size // tp
         for ep in range(1, dp + 1):
-            if size % tp == 0 and dp % ep == 0 and experts % ep == 0:
+            if dp % ep == 0 and experts % ep == 0:
                 found.append((dp // ep, ep, tp) if with_tp else (dp // ep, ep))
     return found
 
