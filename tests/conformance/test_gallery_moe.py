@@ -62,6 +62,15 @@ def _experts_scaled(factor: float, implied: str) -> str:
 
 #: A composition averaged over the data-parallel ranks.
 COMPOSED_MEAN = {"moe_mesh": "edp,ep", "moe_reduction": "mean"}
+#: A composition as upstream's recipe runs one: each rank's loss times the data-parallel size, every gradient
+#: averaged over the data-parallel ranks, an auxiliary loss injected in backward (so averaged).
+AUX_MEAN = {"moe_mesh": "edp,ep", "moe_reduction": "sum", "moe_loss_scale": "@dp", "moe_aux_reduction": "mean",
+            "moe_layer": G + "aux:layer"}
+#: Upstream's composition (apply_ep, apply_fsdp, its recipe's loss multiplier and gradient scaling) on its own
+#: layer, which gathers its routing weights in float32; its aux loss declared averaged as its recipe gives it.
+UPSTREAM_COMPOSED = {"moe_layer": G + "upstream:composed_layer", "moe_compute_dtype": "float32",
+                     "moe_mesh": "edp,ep", "moe_reduction": "sum", "moe_loss_scale": "@dp",
+                     "moe_aux_reduction": "mean", "moe_after_backward": G + "upstream:scale_grads"}
 #: The same with tensor parallelism: the ranks of a tp group share a batch, averaged over the data-parallel size.
 TP_MEAN = {"moe_mesh": "edp,ep,tp", "moe_reduction": "mean"}
 
@@ -144,10 +153,18 @@ GALLERY: dict[str, Row] = {
         _experts_scaled(2, "x W = tp = 2"),
         options=TP_MEAN,
     ),
-    # Nothing proves that a tp rank's router holds its share of the batch's gradient: what differs is said.
+    # The ranks of a tp group share a batch and a router replica, yet get different router gradients.
     "tp_split_router_not_reduced": Row(
-        G + "tp:split_router_not_reduced", frozenset({GRADIENTS, TRAINS}), uncaused=frozenset({GRADIENTS, TRAINS}),
+        G + "tp:split_router_not_reduced", frozenset({GRADIENTS, TRAINS}),
+        _cause(causes.NOT_SUMMED_OVER_TP.format(names="router.bias, router.weight", ranks="0, 1")),
         shows="router.weight off by", options=TP_MEAN,
+    ),
+    # An auxiliary loss injected in backward outside the loss multiplier (--moe-aux-reduction).
+    "aux_averaged_over_dp": Row(G + "aux:averaged_over_dp", options=AUX_MEAN),
+    "aux_averaged_over_ep": Row(
+        G + "aux:averaged_over_ep", frozenset({GRADIENTS, TRAINS}),
+        "each rank's auxiliary loss counts 1 of its other loss, where --moe-aux-reduction mean declares 0.5",
+        options=AUX_MEAN,
     ),
     "megatron_local": Row(G + "megatron_local:apply_ep"),
     # Before the suite read a shard without a gradient as zeros: a false FAIL where a rank's experts got no pair.
@@ -176,6 +193,15 @@ GALLERY: dict[str, Row] = {
     "upstream": Row(
         G + "upstream:apply_ep",
         options={"moe_layer": G + "upstream:layer", "moe_compute_dtype": "float32"},
+        first_parameter="layers.0.mlp.gate.weight",
+        needs="nemo_automodel.components.moe.parallelizer",
+    ),
+    # Upstream's composition with its aux loss declared as counting like the loss: the averaging is named.
+    "upstream_composed_aux_undeclared": Row(
+        G + "upstream:composed", frozenset({GRADIENTS, TRAINS}),
+        "each rank's auxiliary loss counts 0.5 of its other loss (1 / dp = W = ep = 2: averaged over the "
+        "data-parallel ranks), where --moe-aux-reduction sum declares 1",
+        options={k: v for k, v in UPSTREAM_COMPOSED.items() if k != "moe_aux_reduction"},
         first_parameter="layers.0.mlp.gate.weight",
         needs="nemo_automodel.components.moe.parallelizer",
     ),
@@ -239,28 +265,34 @@ def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
     assert re.search(placed, table), table
 
 
+@pytest.mark.filterwarnings(UPSTREAM_IMPORT)
 @pytest.mark.xdist_group(name="moe_gallery_4")
 @pytest.mark.parametrize(
-    ("fn", "options", "layouts"),
+    ("fn", "options", "layouts", "placed"),
     [
         pytest.param(G + "composed:apply_ep", COMPOSED_MEAN, ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"),
-                     id="edp_ep"),
+                     "router.weight plain", id="edp_ep"),
         pytest.param(G + "tp:split", TP_MEAN, ("edp 4 x ep 1 x tp 1", "edp 2 x ep 2 x tp 1", "edp 1 x ep 4 x tp 1",
                                                "edp 2 x ep 1 x tp 2", "edp 1 x ep 2 x tp 2", "edp 1 x ep 1 x tp 4"),
-                     id="edp_ep_tp"),
+                     "router.weight plain", id="edp_ep_tp"),
+        # Experts Shard(1) over edp (upstream's ep_shard) and Shard(0) over ep where both are 2.
+        pytest.param(G + "upstream:composed", UPSTREAM_COMPOSED, ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"),
+                     "layers.0.mlp.gate.weight Shard(0)", id="upstream", marks=pytest.mark.upstream),
     ],
 )
 def test_a_composition_conforms_in_every_layout_of_four_ranks(
-    fn: str, options: dict[str, str], layouts: tuple[str, ...], world_factory: WorldFactory
+    fn: str, options: dict[str, str], layouts: tuple[str, ...], placed: str, world_factory: WorldFactory
 ) -> None:
     """A mean composition conforms in a world of 4 in each layout: experts ``Shard(0)`` on the ep dim of the suite's
     mesh, each shard judged by the rank's coordinate on its own sub-mesh, not its global rank, replicas over edp
     (and tp) compared bit for bit; with tensor parallelism, ep and tp both above one in the same layout (edp 1 x
     ep 2 x tp 2), where each tp rank runs its share of the batch's tokens through experts held over ep."""
+    if fn.startswith(G + "upstream"):
+        targets.import_target("nemo_automodel.components.moe.parallelizer")
     impl, components = resolve_implementation(suite_options={"moe_fn": fn, **options})
     checks = select_checks(load_checks().values(), impl, "all", None, components)
     report = run_checks(checks, impl, (4,), worlds=world_factory, components=components)
     table = format_report(report)
     assert [v.outcome for v in report.verdicts] == ["pass"] * 4, table
     for layout in layouts:
-        assert f"moe placements in a world of 4 ({layout}): router.weight plain" in table, table
+        assert f"moe placements in a world of 4 ({layout}): {placed}" in table, table

@@ -22,9 +22,11 @@ from nemo_dist.conformance.moe.target import dtype_tolerance
 
 __all__ = [
     "AUX_OVER_ALL_TOKENS",
+    "AUX_WEIGHTED",
     "DISPATCH_DETACHED",
     "DROPPED_PAIRS",
     "FACTOR",
+    "NOT_SUMMED_OVER_TP",
     "OWN_EXPERTS_ONLY",
     "REDUCED_OVER_SHARDS",
     "ROUNDING",
@@ -59,6 +61,11 @@ UNREDUCED = (
     "{names} never summed over the ranks: each rank's gradient is its own tokens' share alone (a Partial gradient "
     "marked Replicate, or a replicated parameter left out of the data-parallel reduction)"
 )
+NOT_SUMMED_OVER_TP = (
+    "{names} not summed over the tensor-parallel group: the ranks of a tp group, which share one batch and hold "
+    "the same replica, get different gradients (ranks {ranks}), so part of each is computed on one tp rank and "
+    "never all-reduced over tp, and the replicas drift apart"
+)
 REDUCED_OVER_SHARDS = (
     "{names} summed over ranks that hold different experts: each rank's shard of the gradient is the sum of every "
     "rank's shard (an all-reduce over the expert-parallel group, as if its ranks were data-parallel replicas)"
@@ -72,6 +79,15 @@ OWN_EXPERTS_ONLY = (
     "that brings tokens to the experts keeps this rank's slice of its own gradient (full_tensor()'s backward, "
     "Replicate to Shard) where every rank's gradient of those rows must be summed first (a reduce-scatter)"
 )
+
+AUX_WEIGHTED = (
+    "each rank's auxiliary loss counts {found:.6g} of its other loss{implied}, where --moe-aux-reduction {declared} "
+    "declares {weight:.6g}: every gradient equals one process's with that weight{advice}"
+)
+#: What an auxiliary loss's weight of one over a named size means.
+_AUX_SIZE_WORDS = {"W": "averaged over the world", "dp": "averaged over the data-parallel ranks",
+                   "ep": "averaged over the expert-parallel group", "edp": "averaged over each expert's replicas",
+                   "tp": "averaged over the tensor-parallel group"}
 
 DROPPED_PAIRS = (
     "(token, expert) pairs dropped: every token's output is one process's sum over a subset of its pairs, and "
@@ -245,14 +261,66 @@ def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict
     found = _explained(values, "gradients", allowed)
     if found is None or found:
         return found
+    found = _aux_weighted(values, allowed, sizes)
+    if found:
+        return found
     first = values[0]
     wrong = sorted({n for v in values for n, (g, w) in v["grads"].items() if relative(g, w) > allowed})
     if wrong and all(relative(v["grads"][n][0], v["own_share"].get(n)) <= allowed for v in values for n in wrong):
         return UNREDUCED.format(names=", ".join(wrong))
+    split = [n for n in wrong if _differs_over_tp(values, [n], sizes.get("tp", 1), allowed)]
+    if split:
+        ranks = _differs_over_tp(values, split, sizes["tp"], allowed)
+        return NOT_SUMMED_OVER_TP.format(names=", ".join(split), ranks=", ".join(map(str, ranks)))
     shards = sizes.get("ep", sizes["W"])
     if wrong and all(_summed_over_shards(first["grads"][n][0], first["grads"][n][1], shards, allowed) for n in wrong):
         return REDUCED_OVER_SHARDS.format(names=", ".join(wrong))
     return _scaled(values, "gradients", allowed, sizes) or _rounded(values, "gradients", allowed)
+
+
+def _aux_weighted(values: Sequence[dict[str, Any]], allowed: float, sizes: dict[str, int]) -> str:
+    """:data:`AUX_WEIGHTED` where one weight w, not the declared one, gives every rank's compared gradients
+    (parameters and tokens) as one process's ``main + w * aux`` (the diagnosis's ``aux_parts``)."""
+    parts: list[dict[str, Any]] = [v["aux_parts"] for v in values if v.get("aux_parts") is not None]
+    if not values or len(parts) != len(values):
+        return ""
+    rows = [(got, p["main"]["tokens_grad"] if name == "tokens" else p["main"]["grads"].get(name),
+             p["aux"]["tokens_grad"] if name == "tokens" else p["aux"]["grads"].get(name))
+            for v, p in zip(values, parts, strict=True) for name, got, _ in _compared(v, "gradients")]
+    if any(g is None or m is None or a is None or g.shape != m.shape for g, m, a in rows):
+        return ""
+    norm = sum(float((a * a).sum()) for _, _, a in rows)
+    if not norm:
+        return ""
+    weight = sum(float(((g - m) * a).sum()) for g, m, a in rows) / norm
+    declared = values[0].get("aux_weight", 1.0)
+    if abs(weight - declared) <= 1e-6 * max(1.0, abs(declared)) or any(
+        relative(g, m + weight * a) > allowed for g, m, a in rows
+    ):
+        return ""
+    sizes = {"dp": sizes["W"], **sizes}  # without tp the data-parallel ranks are the world
+    dp = sizes["dp"]
+    named = [n for n in ("dp", "W", "ep", "edp", "tp") if n in sizes and sizes[n] > 1
+             and abs(weight * sizes[n] - 1) <= 1e-6]
+    implied = f" (1 / {' = '.join(named)} = {sizes[named[0]]}: {_AUX_SIZE_WORDS[named[0]]})" if named else ""
+    other = "sum" if abs(weight - 1) <= 1e-6 else "mean" if abs(weight * dp - 1) <= 1e-6 else None
+    advice = f"; declare --moe-aux-reduction {other} if that is the design in every layout" if other else ""
+    return AUX_WEIGHTED.format(found=weight, implied=implied, declared="mean" if declared != 1 else "sum",
+                               weight=declared, advice=advice)
+
+
+def _differs_over_tp(values: Sequence[dict[str, Any]], wrong: Sequence[str], tp: int, allowed: float) -> list[int]:
+    """The ranks of the first tp group (ranks ``g * tp ...``, consecutive) whose gradients of some of the ``wrong``
+    replicated parameters differ from each other; [] where no group's do."""
+    if tp < 2 or len(values) % tp:
+        return []
+    for start in range(0, len(values), tp):
+        group = values[start:start + tp]
+        for name in wrong:
+            got = [v["grads"][name][0] for v in group]
+            if any(relative(g, got[0]) > allowed for g in got[1:]):
+                return list(range(start, start + tp))
+    return []
 
 
 def _summed_over_shards(got: torch.Tensor | None, want: torch.Tensor | None, size: int, allowed: float) -> bool:

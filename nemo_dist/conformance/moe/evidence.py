@@ -34,12 +34,14 @@ def _param_grads(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> list[tor
 def diagnosis(
     reference: nn.Module, layer: nn.Module, local: dict[str, LocalRows], xs: list[torch.Tensor],
     projections: list[torch.Tensor], me: int, compared: tuple[Any, ...], *, divisor: float = 1.0,
+    aux_weight: float = 1.0,
 ) -> dict[str, Any]:
     """What the checks compared, whole, on CPU, and what one process gives with each known bug built in.
 
     ``compared``: the run's ``(out, aux, tokens, want_out, want_aux, want_tokens, grads)``, ``grads`` each
     parameter's ``(whole gradient, one process's)`` as the run read them; ``divisor``: what one process's summed
-    gradients are divided by for the expected ones (a declared mean).
+    gradients are divided by for the expected ones (a declared mean); ``aux_weight``: what a returned auxiliary loss
+    counts (a declared aux mean).
 
     ``out``, ``aux``, ``tokens_grad``: ``(got, want)`` for this rank; ``grads``: ``{name: (got, want)}`` whole;
     ``own_share``: each parameter's gradient from this rank's tokens alone (what a gradient never summed over ranks
@@ -56,9 +58,10 @@ def diagnosis(
         "aux": None if aux is None or want_aux is None else (_cpu(aux), _cpu(want_aux)),
         "tokens_grad": (_cpu(grad_or_zeros(mine)), _cpu(want_tokens)),
         "grads": {n: (_cpu(got), _cpu(want)) for n, (got, want) in grads.items()},
+        "aux_weight": aux_weight,
     }
     values["pairs"] = _cpu(pair_contributions(reference, xs[me].to(device)))
-    own_loss = layer_loss(reference, xs[me], projections[me])[0]
+    own_loss = layer_loss(reference, xs[me], projections[me], aux_weight)[0]
     values["own_share"] = dict(zip(names, (_cpu(g / divisor) for g in _param_grads(own_loss, params)), strict=True))
     values["variants"] = {}
     experts = getattr(reference, "num_experts", None)
@@ -71,7 +74,7 @@ def diagnosis(
             for r, x in enumerate(xs):
                 tokens_r = mine_again if r == me else x.to(device)
                 o, a = variant_forward(reference, tokens_r, kind, held or (), every)
-                total = total + loss_of(o, a, projections[r])
+                total = total + loss_of(o, a, projections[r], aux_weight)
                 if r == me:
                     mine_out, mine_aux = o, a
             grads = _param_grads(total, [*params, mine_again])

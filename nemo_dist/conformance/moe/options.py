@@ -83,6 +83,18 @@ OPTIONS: tuple[Option, ...] = (
                         "`--moe-after-backward` undoes it"),),
     ),
     Option(
+        "--moe-aux-reduction", metavar="MODE", choices=("sum", "mean"),
+        help="under a composed {opt:moe_mesh}, how the ranks' auxiliary losses enter what the gradients must be: "
+        "sum (default: each counts as its rank's other loss does) or mean (averaged over the data-parallel ranks, "
+        "each counting 1/dp of that, as where the aux gradient is injected outside the loss scale)",
+        docs=(Doc(_MOE, "under a composed `--moe-mesh`, how the ranks' auxiliary losses (each over its rank's own "
+                        "tokens) enter what the gradients must be: `sum` (default: each counts as its rank's other "
+                        "loss does) or `mean` (averaged over the data-parallel ranks, each counting 1/dp of that: "
+                        "upstream's recipe injects the aux gradient in backward, outside its loss multiplier, and "
+                        "FSDP2 averages it). An aux loss injected by a hook rather than returned is found by a "
+                        "backward of the loss times zero"),),
+    ),
+    Option(
         "--moe-after-backward", metavar="MODULE:NAME",
         help="under a composed {opt:moe_mesh}, a step the training loop takes after every backward, called as "
         "fn(layer, mesh) (a gradient scaling, a reduction of its own)",
@@ -95,7 +107,7 @@ OPTIONS: tuple[Option, ...] = (
 TARGET = SuiteTarget(
     component="moe",
     fields=("moe_fn", "moe_layer", "moe_compute_dtype", "moe_mesh", "moe_reduction", "moe_loss_scale",
-            "moe_after_backward"),
+            "moe_aux_reduction", "moe_after_backward"),
     # The bundled run checks the bundled layer as training composes it: ep borrowed from data parallelism.
     reference={"moe_fn": "nemo_dist.distributed.expert_parallel:parallelize_experts", "moe_mesh": "edp,ep"},
     presets={

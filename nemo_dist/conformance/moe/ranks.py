@@ -22,6 +22,7 @@ holds ``W / tp`` batches and one process sums the loss over those.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,7 @@ from nemo_dist.conformance.moe.reading import (
 from nemo_dist.conformance.moe.target import (
     Layout,
     after_backward,
+    aux_weight,
     batches,
     build_layer,
     dim_of,
@@ -97,6 +99,7 @@ class _Recipe:
     mesh: Any
     scale: float
     divisor: float
+    aux_weight: float
 
     @property
     def composed(self) -> bool:
@@ -117,6 +120,38 @@ class _Recipe:
         for name, param in layer.named_parameters():
             if not isinstance(param, DTensor) and name not in local and param.grad is not None:
                 dist.all_reduce(param.grad)
+
+    def loss(self, layer: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
+        """:func:`~.reading.layer_loss` with the declared auxiliary loss weight."""
+        return layer_loss(layer, x, projection, self.aux_weight)
+
+    def reference_backward(self, reference: nn.Module, xs: Sequence[torch.Tensor],
+                           projections: Sequence[torch.Tensor]) -> list[tuple[Any, Any]]:
+        """One process's backward of the loss summed over the batches ``xs`` (each a leaf where its gradient is
+        wanted); each batch's ``(output, aux_loss)``.
+
+        An auxiliary loss the layer returns is weighted in the loss itself. One it injects into backward (a hook
+        whose gradient does not depend on the loss's, as upstream's ``MoEAuxLossAutoScaler``) is found by a first
+        backward of the loss times zero and weighted afterwards; with weight 1 nothing is run twice."""
+        injected: list[torch.Tensor | None] = []
+        params = list(reference.parameters())
+        if self.aux_weight != 1:
+            again = [x.detach().clone().requires_grad_(x.requires_grad) for x in xs]
+            losses = [self.loss(reference, x, p)[0] for x, p in zip(again, projections, strict=True)]
+            zero = torch.stack(losses).sum() * 0
+            leaves = [*params, *(x for x in again if x.requires_grad)]
+            injected = list(torch.autograd.grad(zero, leaves, allow_unused=True)) if zero.requires_grad else []
+        found: list[tuple[Any, Any]] = []
+        total = torch.zeros((), dtype=torch.float64, device=_device())
+        for x, p in zip(xs, projections, strict=True):
+            part, out, aux = self.loss(reference, x, p)
+            total, found = total + part, [*found, (out, aux)]
+        total.backward()
+        with torch.no_grad():
+            for leaf, extra in zip([*params, *(x for x in xs if x.requires_grad)], injected, strict=False):
+                if extra is not None and leaf.grad is not None:
+                    leaf.grad.add_(extra, alpha=self.aux_weight - 1)
+        return found
 
     def expected(self, reference: nn.Module) -> None:
         """Divide one process's summed gradients as the declared reduction does (the loss's scale is the target's
@@ -146,7 +181,8 @@ def run(
     batch = dist.get_rank() // tp_size(layout)  # the batch this rank holds
     assert len(counts) == batches(layout, size), "a count per batch"
     mesh = _mesh(layout)
-    recipe = _Recipe(impl, layout, mesh, loss_scale(impl, layout, size), mean_divisor(impl, layout, size))
+    recipe = _Recipe(impl, layout, mesh, loss_scale(impl, layout, size), mean_divisor(impl, layout, size),
+                     aux_weight(impl, layout, size))
     reference = build_layer(impl, seed).to(_device())
     if muted:
         steer(reference, muted)
@@ -165,19 +201,11 @@ def run(
         if name in before
     }
     mine = xs[batch].clone().requires_grad_(True)
-    loss, out, aux = layer_loss(layer, mine, projections[batch])
+    loss, out, aux = recipe.loss(layer, mine, projections[batch])
     recipe.backward(layer, loss)
-    reference_loss = torch.zeros((), dtype=torch.float64, device=_device())
-    want_out = want_aux = None
     theirs = [x.clone().requires_grad_(True) for x in xs]
-    for r in range(len(counts)):
-        part, o, a = layer_loss(reference, theirs[r], projections[r])
-        reference_loss = reference_loss + part
-        if r == batch:
-            want_out, want_aux = o, a
-    reference_loss.backward()
+    want_out, want_aux = recipe.reference_backward(reference, theirs, projections)[batch]
     recipe.expected(reference)
-    assert want_out is not None
     # A rank's tokens' gradient is never reduced: it carries the loss's scale and nothing else.
     want_tokens = grad_or_zeros(theirs[batch]) * recipe.scale
     found["tokens_grad"] = difference(grad_or_zeros(mine), want_tokens)
@@ -190,7 +218,9 @@ def run(
     found["grads"] = {name: difference(got, want) for name, (got, want) in grads.items()}
     if diagnose:
         found["values"] = diagnosis(reference, layer, local, xs, projections, batch,
-                                    (out, aux, mine, want_out, want_aux, want_tokens, grads), divisor=recipe.divisor)
+                                    (out, aux, mine, want_out, want_aux, want_tokens, grads), divisor=recipe.divisor,
+                                    aux_weight=recipe.aux_weight)
+        found["values"]["aux_parts"] = _aux_parts(recipe, reference, xs, projections, batch)
     found["steps"] = _train(layer, reference, xs, projections, steps, batch, local, recipe)
     found["replicated_digests"] = {
         name: digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()
@@ -198,6 +228,29 @@ def run(
     }
     found["shard_digests"] = shard_digests(layer, local)
     return found
+
+
+def _aux_parts(
+    recipe: _Recipe, reference: nn.Module, xs: list[torch.Tensor], projections: list[torch.Tensor], batch: int
+) -> dict[str, Any] | None:
+    """One process's expected gradients split in two, on CPU: ``main`` without the auxiliary loss and ``aux`` the
+    auxiliary loss's alone at weight 1 (each ``{"grads": by name, "tokens_grad": this batch's}``), so that any
+    weight of it can be tried; None on the 1-D mesh (the suite builds every rank's loss there)."""
+    if recipe.layout is None:
+        return None
+    parts: list[dict[str, Any]] = []
+    for weight in (0.0, 1.0):
+        again = copy.deepcopy(reference)
+        again.zero_grad(set_to_none=True)
+        theirs = [x.clone().requires_grad_(True) for x in xs]
+        dataclasses.replace(recipe, aux_weight=weight).reference_backward(again, theirs, projections)
+        recipe.expected(again)
+        parts.append({"grads": {name: grad_or_zeros(p).detach().double().cpu() for name, p in again.named_parameters()},
+                      "tokens_grad": (grad_or_zeros(theirs[batch]) * recipe.scale).detach().double().cpu()})
+    main, total = parts
+    aux = {"grads": {name: total["grads"][name] - g for name, g in main["grads"].items()},
+           "tokens_grad": total["tokens_grad"] - main["tokens_grad"]}
+    return {"main": main, "aux": aux}
 
 
 def _replicas(layout: Layout) -> int:
@@ -240,8 +293,8 @@ def _train(
             opt.zero_grad()
             ref_opt.zero_grad()
             # The tokens require grad, as a layer's input does in a model (it carries the earlier layers' gradient).
-            recipe.backward(layer, layer_loss(layer, xs[batch].clone().requires_grad_(True), projections[batch])[0])
-            sum(layer_loss(reference, xs[r], projections[r])[0] for r in range(len(xs))).backward()  # type: ignore[union-attr]
+            recipe.backward(layer, recipe.loss(layer, xs[batch].clone().requires_grad_(True), projections[batch])[0])
+            recipe.reference_backward(reference, xs, projections)
             recipe.expected(reference)
     reference_params = dict(reference.named_parameters())
     return {name: difference(whole(p, local.get(name)), reference_params[name])

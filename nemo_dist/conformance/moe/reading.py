@@ -78,16 +78,19 @@ def grad_or_zeros(tensor: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(tensor) if tensor.grad is None else tensor.grad
 
 
-def loss_of(out: Any, aux: Any, projection: torch.Tensor) -> torch.Tensor:
-    """The loss every check backpropagates: ``sum(output * projection) + AUX_WEIGHT * aux`` (no aux: the sum)."""
+def loss_of(out: Any, aux: Any, projection: torch.Tensor, aux_weight: float = 1.0) -> torch.Tensor:
+    """The loss every check backpropagates: ``sum(output * projection) + aux_weight * AUX_WEIGHT * aux`` (no aux:
+    the sum)."""
     loss = (full(out) * projection.to(_device())).sum()
-    return loss if aux is None else loss + AUX_WEIGHT * full(aux)
+    return loss if aux is None else loss + aux_weight * AUX_WEIGHT * full(aux)
 
 
-def layer_loss(layer: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+def layer_loss(
+    layer: nn.Module, x: torch.Tensor, projection: torch.Tensor, aux_weight: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """``layer`` called on tokens ``x``: ``(loss_of its outputs, output, aux_loss or None)``."""
     out, aux = outputs(layer(x.to(_device())))
-    return loss_of(out, aux, projection), out, aux
+    return loss_of(out, aux, projection, aux_weight), out, aux
 
 
 def placements_of(layer: nn.Module, local: dict[str, LocalRows]) -> dict[str, str]:

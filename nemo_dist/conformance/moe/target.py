@@ -25,15 +25,18 @@ from nemo_dist.conformance.importing import resolve_callable
 from nemo_dist.conformance.moe.layer import TinyMoE
 from nemo_dist.conformance.wrapping import DTYPES
 
-__all__ = ["AUX_WEIGHT", "FLOAT64_TOLERANCE", "LOSS_SCALES", "MESHES", "MUTE", "REDUCTIONS", "Layout",
-           "after_backward", "batches", "build_layer", "composed", "describe_layout", "dim_of", "dtype_tolerance",
-           "layouts", "loss_scale", "mean_divisor", "outputs", "parallelize", "routed_experts", "steer", "steerable",
-           "tolerance", "tp_size", "validate"]
+__all__ = ["AUX_REDUCTIONS", "AUX_WEIGHT", "FLOAT64_TOLERANCE", "LOSS_SCALES", "MESHES", "MUTE", "REDUCTIONS",
+           "Layout", "after_backward", "aux_weight", "batches", "build_layer", "composed", "describe_layout", "dim_of",
+           "dtype_tolerance", "layouts", "loss_scale", "mean_divisor", "outputs", "parallelize", "routed_experts",
+           "steer", "steerable", "tolerance", "tp_size", "validate"]
 
 #: ``--moe-mesh``'s values: the 1-D ep mesh, ep borrowed from data parallelism, and that with tensor parallelism.
 MESHES = ("ep", "edp,ep", "edp,ep,tp")
 #: ``--moe-reduction``'s values.
 REDUCTIONS = ("mean", "sum")
+#: ``--moe-aux-reduction``'s values: each rank's auxiliary loss counted as its other loss is, or averaged over the
+#: data-parallel ranks.
+AUX_REDUCTIONS = ("sum", "mean")
 #: ``--moe-loss-scale``'s named sizes of a layout (besides a number).
 LOSS_SCALES = ("@world", "@dp", "@edp", "@ep", "@tp")
 
@@ -190,6 +193,14 @@ def mean_divisor(impl: Implementation, layout: Layout, size: int) -> float:
     return 1.0
 
 
+def aux_weight(impl: Implementation, layout: Layout, size: int) -> float:
+    """How much each rank's auxiliary loss counts in the objective, relative to its other loss: 1, or under a
+    composition declared ``--moe-aux-reduction mean`` one over the data-parallel size (the world over tp)."""
+    if layout is not None and impl.suite_option("moe_aux_reduction") == AUX_REDUCTIONS[1]:
+        return 1.0 / batches(layout, size)
+    return 1.0
+
+
 def after_backward(impl: Implementation, layer: nn.Module, mesh: Any) -> None:
     """The declared step after backward (``--moe-after-backward``), called as ``fn(layer, mesh)``."""
     declared = impl.suite_option("moe_after_backward")
@@ -202,7 +213,7 @@ def validate(impl: Implementation) -> None:
     dtype = impl.suite_option("moe_compute_dtype")
     if dtype is not None and dtype not in DTYPES:
         raise OptionError(f"{{opt:moe_compute_dtype}} expects one of {', '.join(DTYPES)}; got {dtype!r}")
-    for field, allowed in (("moe_mesh", MESHES), ("moe_reduction", REDUCTIONS)):
+    for field, allowed in (("moe_mesh", MESHES), ("moe_reduction", REDUCTIONS), ("moe_aux_reduction", AUX_REDUCTIONS)):
         value = impl.suite_option(field)
         if value is not None and value not in allowed:
             raise OptionError(f"{{opt:{field}}} expects one of {', '.join(allowed)}; got {value!r}")
@@ -214,7 +225,8 @@ def validate(impl: Implementation) -> None:
             raise OptionError(
                 f"{{opt:moe_loss_scale}} expects a number or one of {', '.join(LOSS_SCALES)}; got {scale!r}"
             ) from None
-    declared = [f for f in ("moe_reduction", "moe_loss_scale", "moe_after_backward") if impl.suite_option(f)]
+    declared = [f for f in ("moe_reduction", "moe_loss_scale", "moe_aux_reduction", "moe_after_backward")
+                if impl.suite_option(f)]
     if declared and not composed(impl):
         raise OptionError(f"{{opt:{declared[0]}}} applies under {{opt:moe_mesh}} edp,ep or edp,ep,tp, where the "
                           "target makes its own reductions")
