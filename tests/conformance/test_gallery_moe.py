@@ -159,6 +159,12 @@ GALLERY: dict[str, Row] = {
         _cause(causes.NOT_SUMMED_OVER_TP.format(names="router.bias, router.weight", ranks="0, 1")),
         shows="router.weight off by", options=TP_MEAN,
     ),
+    # torchtitan's FSDP2 composition is right; torch 2.13 divides float64 by its factor twice in edp 1 x ep 2.
+    "titan_fsdp_divided": Row(
+        G + "titan_fsdp:fsdp_divided", frozenset({GRADIENTS, TRAINS}),
+        "torch's FSDP2 divides float64 gradients by set_gradient_divide_factor's factor (2) twice where a shard "
+        "group has one rank", options=COMPOSED_MEAN,
+    ),
     # An auxiliary loss injected in backward outside the loss multiplier (--moe-aux-reduction).
     "aux_averaged_over_dp": Row(G + "aux:averaged_over_dp", options=AUX_MEAN),
     "aux_averaged_over_ep": Row(
@@ -275,6 +281,10 @@ def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
         pytest.param(G + "tp:split", TP_MEAN, ("edp 4 x ep 1 x tp 1", "edp 2 x ep 2 x tp 1", "edp 1 x ep 4 x tp 1",
                                                "edp 2 x ep 1 x tp 2", "edp 1 x ep 2 x tp 2", "edp 1 x ep 1 x tp 4"),
                      "router.weight plain", id="edp_ep_tp"),
+        # FSDP2 over edp on experts Shard(0) over ep: a _StridedShard where both are 2 (read as replicas before).
+        pytest.param(G + "titan_fsdp:fsdp_averaged",
+                     {**COMPOSED_MEAN, "moe_after_backward": G + "titan_fsdp:divide_experts_by_ep"},
+                     ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"), "router.weight Shard(0)", id="fsdp2_strided"),
         # Experts Shard(1) over edp (upstream's ep_shard) and Shard(0) over ep where both are 2.
         pytest.param(G + "upstream:composed", UPSTREAM_COMPOSED, ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"),
                      "layers.0.mlp.gate.weight Shard(0)", id="upstream", marks=pytest.mark.upstream),

@@ -22,7 +22,7 @@ from torch import nn
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["cpu_copy", "full", "grad_copy", "is_sharded", "sharding", "whole_grad"]
+__all__ = ["cpu_copy", "full", "grad_copy", "is_sharded", "sharding", "shards", "whole_grad"]
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
@@ -68,6 +68,12 @@ def grad_copy(param: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor | 
 def is_sharded(tensors: Iterable[torch.Tensor]) -> bool:
     """Whether any of ``tensors`` is a DTensor."""
     return any(_is_dtensor(t) for t in tensors)
+
+
+def shards(placement: Any) -> bool:
+    """Whether a DTensor ``placement`` splits the tensor over its mesh dim: a ``Shard``, or the ``_StridedShard``
+    FSDP2 lays over a dim another mesh dim already shards (its ``is_shard()`` is False in torch 2.13)."""
+    return bool(placement.is_shard()) or type(placement).__name__.lstrip("_") == "StridedShard"
 
 
 def _is_dtensor(value: Any) -> TypeGuard[DTensor]:

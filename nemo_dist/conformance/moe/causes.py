@@ -261,7 +261,7 @@ def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict
     found = _explained(values, "gradients", allowed)
     if found is None or found:
         return found
-    found = _aux_weighted(values, allowed, sizes)
+    found = _aux_weighted(values, allowed, sizes) or _torch_double_divide(values, allowed)
     if found:
         return found
     first = values[0]
@@ -321,6 +321,25 @@ def _differs_over_tp(values: Sequence[dict[str, Any]], wrong: Sequence[str], tp:
             if any(relative(g, got[0]) > allowed for g in got[1:]):
                 return list(range(start, start + tp))
     return []
+
+
+def _torch_double_divide(values: Sequence[dict[str, Any]], allowed: float) -> str:
+    """torch's FSDP2 double divide (:data:`~nemo_dist.conformance.wrapper.torch_faults.DOUBLE_DIVIDE`) where every
+    wrong gradient on every rank is one process's divided by the target's FSDP2 divide factor once more, and
+    ``fully_shard`` alone, re-run over one-rank shard groups, does the same in float64 and not in float32."""
+    from nemo_dist.conformance.wrapper.torch_faults import DOUBLE_DIVIDE
+
+    shown = values[0].get("torch_divide") if values else None
+    if not shown:
+        return ""
+    factor = shown["factor"]
+    pairs = [(got, want) for v in values for _, got, want in _compared(v, "gradients") if relative(got, want) > allowed]
+    if not pairs or any(relative(got, None if want is None else want / factor) > allowed for got, want in pairs):
+        return ""
+    if abs(shown["float64"] - 1 / factor) > 1e-9 or abs(shown["float32"] - 1) > 1e-6:
+        return ""
+    return DOUBLE_DIVIDE.format(dtype=shown["dtype"], factor=factor, version=torch.__version__,
+                                float64=shown["float64"], float32=shown["float32"], whose="target's")
 
 
 def _summed_over_shards(got: torch.Tensor | None, want: torch.Tensor | None, size: int, allowed: float) -> bool:

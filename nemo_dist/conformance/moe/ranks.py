@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from nemo_dist.conformance.ddp.sharded import shards
 from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe.evidence import diagnosis
@@ -221,10 +222,11 @@ def run(
                                     (out, aux, mine, want_out, want_aux, want_tokens, grads), divisor=recipe.divisor,
                                     aux_weight=recipe.aux_weight)
         found["values"]["aux_parts"] = _aux_parts(recipe, reference, xs, projections, batch)
+        found["values"]["torch_divide"] = _torch_divide(layer, recipe)
     found["steps"] = _train(layer, reference, xs, projections, steps, batch, local, recipe)
     found["replicated_digests"] = {
         name: digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()
-        if name not in local and (not isinstance(p, DTensor) or not any(pl.is_shard() for pl in p.placements))
+        if name not in local and (not isinstance(p, DTensor) or not any(shards(pl) for pl in p.placements))
     }
     found["shard_digests"] = shard_digests(layer, local)
     return found
@@ -251,6 +253,24 @@ def _aux_parts(
     aux = {"grads": {name: total["grads"][name] - g for name, g in main["grads"].items()},
            "tokens_grad": total["tokens_grad"] - main["tokens_grad"]}
     return {"main": main, "aux": aux}
+
+
+def _torch_divide(layer: nn.Module, recipe: _Recipe) -> dict[str, Any] | None:
+    """Where the target's FSDP2 modules state one gradient divide factor, a shard group has one rank and the layer
+    is float64 or float16 (what torch 2.13 divides twice): the factor, the dtype and what ``fully_shard`` alone
+    gives over this world with one-rank shard groups (:func:`~nemo_dist.conformance.wrapper.torch_faults.probe`,
+    run on every rank alike); else None."""
+    from nemo_dist.conformance.wrapper.torch_faults import divide_factor_state, probe
+
+    state = divide_factor_state(layer)
+    dtype = str(next(layer.parameters()).dtype).removeprefix("torch.")
+    wanted = len(state["factors"]) == 1 and state["min_shard"] == 1 and dtype in ("float64", "float16")
+    agreed = torch.tensor([int(recipe.composed and wanted)])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank probes, or none does
+    if not int(agreed):
+        return None
+    factor = state["factors"][0]
+    return {"factor": factor, "dtype": dtype, **probe((dist.get_world_size(), 1), factor)}
 
 
 def _replicas(layout: Layout) -> int:

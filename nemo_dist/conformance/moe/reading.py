@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from nemo_dist.conformance.ddp.sharded import full
+from nemo_dist.conformance.ddp.sharded import full, shards
 from nemo_dist.conformance.ddp.sharded import whole_grad as sharded_whole_grad
 from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.moe.local import LocalRows
@@ -132,7 +132,7 @@ def chunks_match(layer: nn.Module) -> list[str]:
     coordinate on their own mesh (:func:`local_part`)."""
     wrong = []
     for name, param in layer.named_parameters():
-        if isinstance(param, DTensor) and any(p.is_shard() for p in param.placements):
+        if isinstance(param, DTensor) and any(shards(p) for p in param.placements):
             mine = local_part(param.full_tensor(), param)
             if mine is not None and not torch.equal(param.to_local(), mine):
                 wrong.append(name)
@@ -167,9 +167,9 @@ def shard_digests(layer: nn.Module, local: dict[str, LocalRows]) -> dict[str, tu
     for name, param in layer.named_parameters():
         if name in local:
             found[name] = (tuple(local[name].owners[dist.get_rank()]), digest(param))
-        elif isinstance(param, DTensor) and any(p.is_shard() for p in param.placements):
+        elif isinstance(param, DTensor) and any(shards(p) for p in param.placements):
             coordinate: Sequence[int] = param.device_mesh.get_coordinate() or ()
             where = tuple((i, c) for i, (c, p) in enumerate(zip(coordinate, param.placements, strict=False))
-                          if p.is_shard())
+                          if shards(p))
             found[name] = (where, digest(param.to_local()))
     return found

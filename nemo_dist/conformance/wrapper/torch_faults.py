@@ -23,12 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from nemo_dist.conformance.ddp.sharded import shards
+
 __all__ = ["DOUBLE_DIVIDE", "divide_factor_state", "double_divide", "probe"]
 
 DOUBLE_DIVIDE = (
     "torch's FSDP2 divides {dtype} gradients by set_gradient_divide_factor's factor ({factor:g}) twice where a shard "
     "group has one rank (torch {version}, fsdp/_fully_shard/_fsdp_collectives.py: the pre/post divide for dtypes at "
-    "overflow risk, and the world_size == 1 copy's own divide); float32 is right. A torch bug, not the wrapper's: "
+    "overflow risk, and the world_size == 1 copy's own divide); float32 is right. A torch bug, not the {whose}: "
     "fully_shard alone, re-run here over the same mesh with the same factor, gives {float64:g} times the right "
     "gradient in float64 and {float32:g} times it in float32"
 )
@@ -52,7 +54,7 @@ def divide_factor_state(model: nn.Module) -> dict[str, Any]:
     sizes = []
     for param in model.parameters():
         mesh, placements = getattr(param, "device_mesh", None), getattr(param, "placements", ())
-        sizes += [mesh.size(i) for i, p in enumerate(placements) if mesh is not None and p.is_shard()]
+        sizes += [mesh.size(i) for i, p in enumerate(placements) if mesh is not None and shards(p)]
     return {"factors": sorted(factors), "min_shard": min(sizes) if sizes else None}
 
 
@@ -106,4 +108,4 @@ def double_divide(
     if abs(shown["float64"] - 1 / factor) > 1e-9 or abs(shown["float32"] - 1) > 1e-6:
         return ""
     return DOUBLE_DIVIDE.format(dtype=dtype.removeprefix("torch."), factor=factor, version=torch.__version__,
-                                float64=shown["float64"], float32=shown["float32"])
+                                float64=shown["float64"], float32=shown["float32"], whose="wrapper's")
