@@ -1,5 +1,8 @@
 """Layer 3: the command against upstream itself, on the core tier.
 
+The command runs in this process (``run_in_process``): its verdicts are the subject here, its process is
+test_cli's.
+
 The core tier is upstream's contract, so the released package (nemo-automodel
 0.7.0, installed with ``pip install --no-deps``) must conform on it; what
 nemo_dist promises beyond upstream shows as extended findings, never as core
@@ -15,7 +18,7 @@ import pytest
 
 from nemo_dist.conformance import CHECKS, load_checks
 from tests import targets
-from tests.conformance._cli import run_command
+from tests.conformance._cli import run_in_process
 
 load_checks()
 #: Every core FSDP2 check: each runs with no process group or in a world of 1 or 2 ranks, so each must pass there.
@@ -30,7 +33,7 @@ FUNCTIONAL = "fsdp2.functional_entry_point_keeps_upstream_defaults"
 
 
 @pytest.mark.upstream
-def test_released_upstream_conforms_on_the_core_tier() -> None:
+def test_released_upstream_conforms_on_the_core_tier(capsys: pytest.CaptureFixture[str]) -> None:
     """`nemo-dist-conformance --preset nemo_automodel --tier core` (world sizes 1, 2) exits 0 with no failure,
     every FSDP2 check passing.
 
@@ -39,9 +42,8 @@ def test_released_upstream_conforms_on_the_core_tier() -> None:
     """
     for module in targets.UPSTREAM_MODULES:
         targets.import_target(module)
-    result = run_command(
-        "--preset", "nemo_automodel", "--tier", "core", "--world-sizes", "1,2", "--max-examples", "5", "-q",
-        timeout=600,
+    result = run_in_process(
+        capsys, "--preset", "nemo_automodel", "--tier", "core", "--world-sizes", "1,2", "--max-examples", "5", "-q",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "CONFORMS (exit 0)" in result.stdout
@@ -69,15 +71,17 @@ def test_released_upstream_conforms_on_the_core_tier() -> None:
         pytest.param(("--preset", "nemo_automodel"), "PASS", id="preset-declares-sync"),
     ],
 )
-def test_upstream_qwen3_q_norm_gradients_need_its_replica_sync(options: tuple[str, ...], verdict: str) -> None:
+def test_upstream_qwen3_q_norm_gradients_need_its_replica_sync(
+    options: tuple[str, ...], verdict: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Upstream's parallelizer on Qwen3 leaves the per-head norms' gradients partial per rank until its training
     recipe's ``synchronize_tp_replica_gradients``: without that step declared the gradient check fails naming a
     missing replica sync; the preset declares it and the check passes."""
     for module in (*targets.UPSTREAM_MODULES, "transformers"):
         targets.import_target(module)
-    result = run_command(
-        *options, "--tp-model", "tests.forks.gallery_tp_hf_plan:qwen3", "--check", "tp.gradients_equal_unsharded",
-        "--world-sizes", "2", "-q", timeout=600,
+    result = run_in_process(
+        capsys, *options, "--tp-model", "tests.forks.gallery_tp_hf_plan:qwen3", "--check",
+        "tp.gradients_equal_unsharded", "--world-sizes", "2", "-q",
     )
     assert re.search(rf"^tp\.gradients_equal_unsharded\s+2\s+core\s+{verdict}", result.stdout, re.MULTILINE), (
         result.stdout + result.stderr
