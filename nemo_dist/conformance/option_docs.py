@@ -39,7 +39,6 @@ KINDS: Mapping[str, str] = {
     "N": "integer",
     "SECONDS": "seconds",
     "PATH": "path",
-    "DIR": "directory",
     "NAME": "name",
     "METHOD": "method name",
     "TEXT": "text",

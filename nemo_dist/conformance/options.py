@@ -322,6 +322,7 @@ _RUN_OPTIONS: tuple[Option, ...] = (
         help="where hypothesis keeps its example database (failing examples are replayed first on the next run) and "
         "its caches: DIR, or none for no database (caches in a temporary directory); default "
         "$XDG_CACHE_HOME/nemo_dist/hypothesis (else ~/.cache/nemo_dist/hypothesis), never the current directory",
+        kind="directory or `none`",
     ),
     Option(
         "--quiet", short="-q", flag=True, help="no per-check progress on stderr",
