@@ -91,7 +91,12 @@ class Option:
     plugin declares in its place (``--dist-timeout``). ``reproduce``: a
     Reproduce line repeats it when its value differs from the default.
     ``doc_value`` is what a README row writes after the name where the
-    metavar would say less (the choices, an example); ``docs`` the rows.
+    metavar would say less (an example its text speaks of); ``docs`` the rows.
+    The rows' type column is derived from ``flag``, ``choices``, ``metavar``
+    and ``repeatable``; ``kind`` words it where the metavar cannot (``RxS``:
+    "two integers"). Their default column is ``default``, else
+    ``doc_default``: markdown saying what applies when the option is not
+    given where the engine decides it (``--ddp-reduce-dtype``: ``float32``).
     """
 
     name: str
@@ -108,6 +113,8 @@ class Option:
     reproduce: bool = True
     doc_value: str | None = None
     docs: tuple[Doc, ...] = ()
+    kind: str | None = None
+    doc_default: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name.startswith("--") or self.name != self.name.lower():
@@ -118,6 +125,8 @@ class Option:
             raise ValueError(f"option {self.name}: front_ends must name some of {', '.join(FRONT_ENDS)}")
         if PYTEST in self.front_ends and self.pytest_equivalent is not None:
             raise ValueError(f"option {self.name}: a pytest_equivalent is for an option pytest does not declare")
+        if self.doc_default is not None and (self.default is not None or self.flag):
+            raise ValueError(f"option {self.name}: a doc_default is for an option whose default the engine decides")
 
     @property
     def dest(self) -> str:

@@ -66,15 +66,14 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
     Option(
         "--no-grad-fn", metavar="MODULE:NAME",
         help="the no-grad counterpart of {opt:gather_fn} (default: {opt:gather_fn} under torch.no_grad())",
-        docs=(Doc(_NAMES, "its no-grad counterpart (default: `--gather-fn` under `torch.no_grad()`)"),),
+        docs=(Doc(_NAMES, "its no-grad counterpart"),), doc_default="`--gather-fn` under `torch.no_grad()`",
     ),
     Option(
         "--gather-form", default="auto", choices=("auto", "cat", "tuple", "stacked"),
         help="output form of {opt:gather_fn}: auto, cat, tuple, stacked (default auto: detected from its first call)",
-        doc_value="cat|tuple|stacked",
         docs=(Doc(_NAMES, "the callable's output: the concatenation on dim 0, a tuple or list of W tensors, or a "
-                          "stacked `[W, *x.shape]` tensor (default `auto`: detected from its first call, and said in "
-                          "the table's header)"),),
+                          "stacked `[W, *x.shape]` tensor; `auto` detects it from its first call and says it in the "
+                          "table's header"),),
     ),
     Option(
         "--gather-kwarg", metavar="NAME=VALUE", repeatable=True,
@@ -84,8 +83,8 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
         "*args name spreads a list; repeatable (group= and uneven= are the checks' to pass)",
         docs=(Doc(_NAMES, "a keyword passed on every call of the callable (and `--no-grad-fn`), VALUE a Python "
                           "literal, a symbol filled per call (`@out_buffers`, `@row_sizes` ...) or `MODULE:NAME()` "
-                          "(a factory each rank calls once); repeatable "
-                          "(see [Any signature](gather.md#any-signature))"),),
+                          "(a factory each rank calls once; see "
+                          "[Any signature](gather.md#any-signature))"),),
     ),
     Option(
         "--gather-init", metavar="NAME=VALUE", repeatable=True,
@@ -94,7 +93,7 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
         "repeatable",
         docs=(Doc(_NAMES, "the callable is a class (an `nn.Module`, say): built once per rank with this keyword, "
                           "then the object is called; VALUE a Python literal, `@group`, `@rank`, `@world_size` or "
-                          "`MODULE:NAME()`; repeatable"),),
+                          "`MODULE:NAME()`"),),
     ),
     Option(
         "--gather-output", metavar="INDEX",
@@ -131,6 +130,7 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
         "{opt:ddp_method} setup_module",
         docs=(Doc(_WRAPPER, "`--ddp-fn` is a class constructed from the keywords, whose method `NAME` takes the model: "
                             "`fn(**kwargs).NAME(model)` (Lightning's `DDPStrategy(...).setup_module(model)`)"),),
+        kind="method name",
     ),
     Option(
         "--ddp-kwarg", metavar="NAME=VALUE", repeatable=True,
@@ -147,7 +147,7 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
                             "rank's `torch.device`: its GPU under nccl, the CPU under gloo), `@devices` (every "
                             "rank's, in rank order: a strategy's `parallel_devices`), `@rank`, `@world_size`; or "
                             "`MODULE:NAME()`, an importable factory each rank calls once with no arguments (a "
-                            "cluster environment, a handler); repeatable. The five DDP fields are the field checks' "
+                            "cluster environment, a handler). The five DDP fields are the field checks' "
                             "to pass (below), so naming one is a usage error"),),
     ),
     Option(
@@ -158,8 +158,9 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
     Option(
         "--ddp-reduction", metavar="mean|sum", choices=("mean", "sum"),
         help="how the wrapper combines the ranks' gradients (default mean)",
-        docs=(Doc(_WRAPPER, "how the wrapper combines the ranks' gradients (default `mean`, as DDP); under `sum` the "
-                            "full-batch equivalent is W times the mean"),),
+        docs=(Doc(_WRAPPER, "how the wrapper combines the ranks' gradients; under `sum` the full-batch equivalent is "
+                            "W times the mean"),),
+        doc_default="`mean` (as DDP)",
     ),
     Option(
         "--ddp-buffers", metavar="synced|local", choices=("synced", "local"),
@@ -175,8 +176,8 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--ddp-grad-attr", metavar="NAME", help="the parameter attribute holding the reduced gradient (main_grad)",
-        docs=(Doc(_WRAPPER, "the parameter attribute holding the reduced gradient (Megatron's `main_grad`; default "
-                            "`.grad`)"),),
+        docs=(Doc(_WRAPPER, "the parameter attribute holding the reduced gradient (Megatron's `main_grad`)"),),
+        kind="attribute name", doc_default="`grad`",
     ),
     Option(
         "--ddp-zero-grad", metavar="METHOD",
@@ -190,8 +191,9 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
         "weights on every rank (same seed or a checkpoint load, as fully_shard does), and the checks build them so",
         docs=(Doc(_WRAPPER, "`identical` declares that the wrapper expects identical weights on every rank (the same "
                             "seed, or a checkpoint load), as `fully_shard` does: every rank's model is then built from "
-                            "one seed and `wrapper.identical_start` is not applicable; default `broadcast` (the "
-                            "wrapper makes the start identical itself)"),),
+                            "one seed and `wrapper.identical_start` is not applicable; `broadcast`: the wrapper makes "
+                            "the start identical itself"),),
+        doc_default="`broadcast`",
     ),
     Option(
         "--ddp-mesh", metavar="RxS",
@@ -200,6 +202,7 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
         docs=(Doc(_WRAPPER, "makes `@mesh` 2-D, `(R, S)` with dimension names `(dp_replicate, dp_shard)`, as HSDP "
                             "takes it; a world of another size than R*S is not applicable, and R*S must be one of the "
                             "world sizes"),),
+        kind="`RxS`, two integers", doc_default="a 1-D mesh over the world",
     ),
     Option(
         "--ddp-compute-dtype", metavar="DTYPE", choices=("float64", "float32", "bfloat16", "float16"),
@@ -209,14 +212,16 @@ _TARGET_OPTIONS: tuple[Option, ...] = (
                             "`MixedPrecisionPolicy(param_dtype=torch.bfloat16)`); the training checks then allow that "
                             "dtype's rounding, derived from its unit roundoff. Undeclared, a wrapper computing in a "
                             "lower precision fails them, with that cause"),),
+        doc_default="the model's",
     ),
     Option(
         "--ddp-reduce-dtype", metavar="DTYPE", choices=("float64", "float32", "bfloat16", "float16"),
         help="the lowest precision the wrapper may reduce gradients in (float64, float32, bfloat16 or float16), "
         "observed from the collectives it runs (default float32)",
-        docs=(Doc(_WRAPPER, "the lowest precision the wrapper may reduce gradients in (default `float32`); "
+        docs=(Doc(_WRAPPER, "the lowest precision the wrapper may reduce gradients in; "
                             "`wrapper.reduces_in_declared_dtype` reads the dtype of every reduction the backend runs, "
                             "so a `bfloat16` reduction fails whatever the tolerance"),),
+        doc_default="`float32`",
     ),
     Option("--config", metavar="MODULE", help="module with DDPConfig",
            docs=(Doc(_NAMES, "a module with `DDPConfig`"),)),
@@ -317,6 +322,7 @@ _RUN_OPTIONS: tuple[Option, ...] = (
         help="where hypothesis keeps its example database (failing examples are replayed first on the next run) and "
         "its caches: DIR, or none for no database (caches in a temporary directory); default "
         "$XDG_CACHE_HOME/nemo_dist/hypothesis (else ~/.cache/nemo_dist/hypothesis), never the current directory",
+        kind="directory or `none`",
     ),
     Option(
         "--quiet", short="-q", flag=True, help="no per-check progress on stderr",

@@ -162,6 +162,9 @@ def test_choices_and_defaults_repeat_the_engine_constants() -> None:
         text = f"{options.option(field).metavar} {options.option(field).help}"
         assert all(re.search(rf"\b{choice}\b", text) for choice in choices), text
     assert str(FLOOR_S).removesuffix(".0") == options.DEFAULT_MIN_DEADLINE
+    from nemo_dist.conformance.moe.target import LOSS_SCALES
+
+    assert all(f"`{scale}`" in (options.option("moe_loss_scale").kind or "") for scale in LOSS_SCALES)
 
 
 def test_every_wrapper_option_field_is_an_option_of_both_front_ends() -> None:
@@ -288,3 +291,95 @@ def test_every_option_is_named_in_the_docs() -> None:
         if not named(option.spelling(front_end) or "") and not (front_end == COMMAND and named(option.short or ""))
     ]
     assert not missing
+
+
+def _rows(name: str) -> list[list[str]]:
+    """The cells of each line of README table ``name`` as rendered (header and rule included), split at the pipes
+    no backslash escapes."""
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+            for line in option_docs.render_table(name).splitlines()]
+
+
+def _documented() -> list[tuple[str, Option, list[str]]]:
+    """Every rendered row: its table, its option, its cells."""
+    found = []
+    for name in option_docs.TABLES:
+        rows = iter(_rows(name)[2:])
+        for option in options.OPTIONS:
+            found += [(name, option, next(rows)) for doc in option.docs if doc.table == name]
+    return found
+
+
+def test_every_option_table_has_a_type_and_a_default_column() -> None:
+    """Each table's header is option, type, default and its own column, and every row has those four cells."""
+    for name, second in option_docs.TABLES.items():
+        rows = _rows(name)
+        assert rows[0] == ["option", "type", "default", second]
+        assert {len(row) for row in rows} == {4}, name
+
+
+def test_each_row_types_its_option_from_the_declaration() -> None:
+    """A choices option's type cell lists exactly its choices, in order; a flag's says flag; a repeatable option's
+    ends ``, repeatable``; a declared ``kind`` is the cell; any other cell is what KINDS says of the metavar."""
+    for _, option, (key, type_cell, _, _) in _documented():
+        assert key == option_docs.row_key(option)
+        assert key.startswith(f"`{option.name}")
+        if option.choices:
+            assert type_cell.split(" \\| ") == [f"`{choice}`" for choice in option.choices], option.name
+            assert key == f"`{option.name}`" or option.doc_value is not None  # the choices are said once
+        elif option.flag:
+            assert type_cell == "flag"
+        else:
+            expected = option.kind or option_docs.KINDS[option.metavar or ""]
+            assert type_cell == expected.replace("|", "\\|") + (", repeatable" if option.repeatable else "")
+
+
+def test_each_row_says_its_default_once_from_the_declaration() -> None:
+    """A declared default is the default cell (in code), else the declared ``doc_default``, else ``-``; a row whose
+    default cell says it does not say it again in its text."""
+    for _, option, (_, _, default, text) in _documented():
+        if option.default is not None:
+            assert default == f"`{option.default}`"
+        elif option.doc_default is not None:
+            assert default == option.doc_default.replace("|", "\\|")
+        else:
+            assert default == ("off" if option.flag else "-")
+        if default != "-":
+            assert not re.search(r"\bdefault\b", text), (option.name, text)
+
+
+def test_the_default_cells_are_what_the_engine_applies_to_an_option_not_given() -> None:
+    """The wrapper's and the moe suite's ``doc_default`` name what ``parse_wrapper`` and the moe target make of an
+    option left out (a fake implementation given no suite option)."""
+    from types import SimpleNamespace
+
+    from nemo_dist.conformance.moe import target as moe
+    from nemo_dist.conformance.wrapping import parse_wrapper
+
+    wrapper = parse_wrapper(ddp_fn="m:f")
+    assert wrapper is not None
+    assert (wrapper.start, wrapper.mesh, wrapper.grad_attr, wrapper.compute_dtype) == (None, None, None, None)
+    impl: Any = SimpleNamespace(suite_option=lambda field, default=None: default)
+    assert not moe.composed(impl)
+    layout = (1, 2)
+    assert (moe.tolerance(impl), moe.loss_scale(impl, layout, 2), moe.mean_divisor(impl, layout, 2),
+            moe.aux_weight(impl, layout, 2)) == (moe.dtype_tolerance("float64"), 1.0, 1.0, 1.0)
+    applied = {"ddp_reduction": wrapper.reduction, "ddp_reduce_dtype": wrapper.reduce_dtype, "ddp_start": "broadcast",
+               "ddp_grad_attr": "grad", "moe_mesh": moe.MESHES[0], "moe_compute_dtype": "float64",
+               "moe_loss_scale": "1", "moe_reduction": "sum", "moe_aux_reduction": "sum"}
+    assert {field: option_docs.default_cell(options.option(field)).split()[0] for field in applied} == {
+        field: f"`{value}`" for field, value in applied.items()}
+
+
+def test_any_option_renders_a_type_and_a_default() -> None:
+    """A suite's new option renders without code of its own: an unknown metavar in code, a flag ``off``, pipes of a
+    declared kind escaped; a ``doc_default`` beside a declared default is refused."""
+    unknown = Option("--x-stages", help="h", metavar="STAGES")
+    assert (option_docs.type_cell(unknown), option_docs.default_cell(unknown)) == ("`STAGES`", "-")
+    flag = Option("--x-strict", help="h", flag=True)
+    assert (option_docs.type_cell(flag), option_docs.default_cell(flag)) == ("flag", "off")
+    kind = Option("--x-scale", help="h", metavar="F", kind="number | `@dp`", repeatable=True, doc_default="`a|b`")
+    assert (option_docs.type_cell(kind), option_docs.default_cell(kind)) == (
+        "number \\| `@dp`, repeatable", "`a\\|b`")
+    with pytest.raises(ValueError, match="doc_default"):
+        Option("--x-y", help="h", default="1", doc_default="`1`")

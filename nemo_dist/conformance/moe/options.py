@@ -36,16 +36,18 @@ OPTIONS: tuple[Option, ...] = (
         help="a zero-argument factory of the unsharded layer {opt:moe_fn} is written for, called as layer(tokens) "
         "-> output or (output, aux_loss) (default: the suite's tiny top-k layer)",
         docs=(Doc(_MOE, "a zero-argument factory of the unsharded layer `--moe-fn` is written for, called as "
-                        "`layer(tokens)` with tokens `[T, dim]`, returning the output or `(output, aux_loss)` "
-                        "(default: the suite's tiny top-k layer); every rank calls it under the same seed"),),
+                        "`layer(tokens)` with tokens `[T, dim]`, returning the output or `(output, aux_loss)`; every "
+                        "rank calls it under the same seed"),),
+        doc_default="the suite's tiny top-k layer",
     ),
     Option(
         "--moe-compute-dtype", metavar="DTYPE", choices=("float64", "float32", "bfloat16", "float16"),
         help="the least precise dtype the layer computes or adds up in whatever its parameters' (float64, "
         "float32, bfloat16 or float16; default float64): the checks then allow that dtype's rounding",
         docs=(Doc(_MOE, "the least precise dtype the layer computes or adds up in, whatever its parameters' "
-                        "(default `float64`; upstream's `GroupedExperts` gathers its routing weights in `float32`): "
-                        "the checks then allow 32 roundings of that dtype instead of 1e-10"),),
+                        "(upstream's `GroupedExperts` gathers its routing weights in `float32`): the checks then "
+                        "allow 32 roundings of that dtype instead of 1e-10"),),
+        doc_default="`float64`",
     ),
 
     Option(
@@ -55,7 +57,7 @@ OPTIONS: tuple[Option, ...] = (
         "expert groups of one rank and of more; the target makes every reduction itself, as training does) or "
         "edp,ep,tp (the same with tensor parallelism: every layout edp x ep x tp, the ranks of a tp group sharing "
         "one batch of tokens)",
-        docs=(Doc(_MOE, "the mesh `--moe-fn` is given: `ep` (default: a 1-D mesh over the world; the suite sums "
+        docs=(Doc(_MOE, "the mesh `--moe-fn` is given: `ep` (a 1-D mesh over the world; the suite sums "
                         "replicated gradients over the world as a training loop's data parallelism would), "
                         "`edp,ep` (ep borrowed from data parallelism, as torchtitan and upstream compose it: a 2-D "
                         "mesh named `(\"edp\", \"ep\")` for every layout `edp x ep` of the world whose ep divides "
@@ -63,14 +65,16 @@ OPTIONS: tuple[Option, ...] = (
                         "expert, itself) or `edp,ep,tp` (the same with tensor parallelism: a 3-D mesh named "
                         "`(\"edp\", \"ep\", \"tp\")` for every layout `edp x ep x tp`, the ranks of a tp group "
                         "consecutive and sharing one batch of tokens, as a TP block's input is replicated)"),),
+        doc_default="`ep` (the bundled run: `edp,ep`)",
     ),
     Option(
         "--moe-reduction", metavar="MODE", choices=("mean", "sum"),
         help="under a composed {opt:moe_mesh}, what the target's reductions make of the ranks' gradients: sum "
         "(default) or mean (divided by the data-parallel size, the world over tp, every parameter alike)",
         docs=(Doc(_MOE, "under a composed `--moe-mesh`, what the target's reductions make of every rank's "
-                        "gradients: `sum` (default) or `mean` (divided by the data-parallel size, the world over "
-                        "tp, every parameter alike)"),),
+                        "gradients: `sum` or `mean` (divided by the data-parallel size, the world over tp, every "
+                        "parameter alike)"),),
+        doc_default="`sum`",
     ),
     Option(
         "--moe-loss-scale", metavar="FACTOR",
@@ -79,8 +83,9 @@ OPTIONS: tuple[Option, ...] = (
         "(default 1)",
         docs=(Doc(_MOE, "under a composed `--moe-mesh`, what each rank's loss is multiplied by before backward, as "
                         "the training recipe does (upstream multiplies by the data-parallel size): a number, or "
-                        "`@world`, `@dp` (the world over tp), `@edp`, `@ep` or `@tp` of the layout (default 1); "
+                        "`@world`, `@dp` (the world over tp), `@edp`, `@ep` or `@tp` of the layout; "
                         "`--moe-after-backward` undoes it"),),
+        kind="number | `@world` | `@dp` | `@edp` | `@ep` | `@tp`", doc_default="`1`",
     ),
     Option(
         "--moe-aux-reduction", metavar="MODE", choices=("sum", "mean"),
@@ -88,11 +93,12 @@ OPTIONS: tuple[Option, ...] = (
         "sum (default: each counts as its rank's other loss does) or mean (averaged over the data-parallel ranks, "
         "each counting 1/dp of that, as where the aux gradient is injected outside the loss scale)",
         docs=(Doc(_MOE, "under a composed `--moe-mesh`, how the ranks' auxiliary losses (each over its rank's own "
-                        "tokens) enter what the gradients must be: `sum` (default: each counts as its rank's other "
-                        "loss does) or `mean` (averaged over the data-parallel ranks, each counting 1/dp of that: "
+                        "tokens) enter what the gradients must be: `sum` (each counts as its rank's other loss "
+                        "does) or `mean` (averaged over the data-parallel ranks, each counting 1/dp of that: "
                         "upstream's recipe injects the aux gradient in backward, outside its loss multiplier, and "
                         "FSDP2 averages it). An aux loss injected by a hook rather than returned is found by a "
                         "backward of the loss times zero"),),
+        doc_default="`sum`",
     ),
     Option(
         "--moe-after-backward", metavar="MODULE:NAME",

@@ -42,22 +42,24 @@ OPTIONS: tuple[Option, ...] = (
         "--tp-model", metavar="MODULE:NAME",
         help="a zero-argument factory of the unsharded model the plan is written for (default: the suite's own "
         "tiny Llama, untied and tied)",
-        docs=(Doc(_TP, "a zero-argument factory of the unsharded model the plan is written for (default: the "
-                       "suite's tiny Llama, untied and tied); every rank calls it under the same seed"),),
+        docs=(Doc(_TP, "a zero-argument factory of the unsharded model the plan is written for; every rank calls it "
+                       "under the same seed"),),
+        doc_default="the suite's tiny Llama, untied and tied",
     ),
     Option(
         "--tp-arch", metavar="CLASSES",
         help="comma-separated transformers classes (LlamaForCausalLM,Qwen3ForCausalLM) also checked, each built "
         "from a tiny config, float64, nothing downloaded",
-        docs=(Doc(_TP, "comma-separated transformers classes also checked (`LlamaForCausalLM,Qwen3ForCausalLM`), "
+        docs=(Doc(_TP, "transformers classes also checked (`LlamaForCausalLM,Qwen3ForCausalLM`), "
                        "each built from a tiny config in float64, nothing downloaded"),),
+        kind="class names, comma-separated",
     ),
     Option(
         "--tp-input", metavar="MODULE:NAME",
         help="a factory fn(batch, seq, generator) of the model's input (default: token ids for an embedding, "
         "features for a Linear)",
-        docs=(Doc(_TP, "a factory `fn(batch, seq, generator)` of the model's input (default: token ids when the "
-                       "model starts with an embedding, float64 features for a Linear)"),),
+        docs=(Doc(_TP, "a factory `fn(batch, seq, generator)` of the model's input"),),
+        doc_default="token ids when the model starts with an embedding, float64 features for a Linear",
     ),
     Option(
         "--tp-after-backward", metavar="MODULE:NAME",
