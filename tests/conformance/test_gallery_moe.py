@@ -95,10 +95,10 @@ GALLERY: dict[str, Row] = {
         G + "expert_grads_averaged:apply_ep", frozenset({GRADIENTS, TRAINS}),
         _experts_scaled(0.5, "/ W = ep = 2"),
     ),
-    # Nothing proves where the wrong owner's rows go: the failures say what differs and name no cause.
+    # Expert e's pairs reach rank e mod 2 at local index e mod 6: computed by expert (e mod 2) * 6 + e mod 6.
     "owner_round_robin": Row(
-        G + "owner_round_robin:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
-        uncaused=frozenset({FORWARD, GRADIENTS, TRAINS}),
+        G + "owner_round_robin:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}), _cause(causes.WRONG_EXPERTS),
+        shows="",
     ),
     "weights_twice": Row(G + "weights_twice:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
                          _cause(causes.WEIGHTS_TWICE)),

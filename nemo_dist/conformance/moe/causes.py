@@ -33,6 +33,7 @@ __all__ = [
     "UNREDUCED",
     "WEIGHTS_DETACHED",
     "WEIGHTS_TWICE",
+    "WRONG_EXPERTS",
     "forward_cause",
     "gradient_cause",
     "relative",
@@ -88,6 +89,12 @@ AUX_WEIGHTED = (
 _AUX_SIZE_WORDS = {"W": "averaged over the world", "dp": "averaged over the data-parallel ranks",
                    "ep": "averaged over the expert-parallel group", "edp": "averaged over each expert's replicas",
                    "tp": "averaged over the tensor-parallel group"}
+
+WRONG_EXPERTS = (
+    "(token, expert) pairs computed by other experts: every token's output is one process's with each pair's "
+    "expert replaced, the same way on every rank ({mapping}: routed to -> computed by), so the dispatch sends a "
+    "pair to a rank, or a local index, that holds another expert"
+)
 
 DROPPED_PAIRS = (
     "(token, expert) pairs dropped: every token's output is one process's sum over a subset of its pairs, and "
@@ -242,14 +249,42 @@ def _dropped_pairs(values: Sequence[dict[str, Any]], allowed: float) -> str:
     return DROPPED_PAIRS.format(count=missing, ranks=", ".join(map(str, ranks))) if missing else ""
 
 
+def _wrong_experts(values: Sequence[dict[str, Any]], allowed: float) -> str:
+    """:data:`WRONG_EXPERTS` where every token's output on every rank is its routing weights times the outputs of
+    one replacement expert per routed expert, the replacement one function of the routed expert across all tokens
+    and ranks, and not the identity (the suite's own layer only)."""
+    mapping: dict[int, int] = {}
+    for v in values:
+        every, (got, _want) = v.get("every_expert"), v["out"]
+        if every is None or got is None:
+            return ""
+        outputs, indices, weights = every["outputs"], every["indices"], every["weights"]
+        experts, k = outputs.shape[1], indices.shape[1]
+        combos = torch.cartesian_prod(*[torch.arange(experts)] * k).reshape(-1, k)  # every choice of k experts
+        for token in range(got.shape[0]):
+            candidates = (weights[token].reshape(1, k, 1) * outputs[token][combos]).sum(dim=1)  # [C, dim]
+            scale = max(1.0, float(got[token].abs().max()))
+            off = (candidates - got[token]).abs().amax(dim=1) / scale
+            matches = torch.nonzero(off <= allowed).reshape(-1)
+            if len(matches) != 1:
+                return ""
+            for routed, computed in zip(indices[token].long().tolist(), combos[matches[0]].tolist(), strict=True):
+                if mapping.setdefault(routed, computed) != computed:
+                    return ""
+    moved = {e: c for e, c in sorted(mapping.items()) if e != c}
+    if not moved:
+        return ""
+    return WRONG_EXPERTS.format(mapping=", ".join(f"{e} -> {c}" for e, c in moved.items()))
+
+
 def forward_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict[str, int]) -> str | None:
     """The proven cause of wrong outputs or auxiliary losses across the ranks' diagnosis ``values`` ("" if none,
     None where the scenario fits several)."""
     explained = _explained(values, "forward", allowed)
     if explained is None:
         return None
-    return (explained or _dropped_pairs(values, allowed) or _scaled(values, "forward", allowed, sizes)
-            or _rounded(values, "forward", allowed))
+    return (explained or _dropped_pairs(values, allowed) or _wrong_experts(values, allowed)
+            or _scaled(values, "forward", allowed, sizes) or _rounded(values, "forward", allowed))
 
 
 def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict[str, int]) -> str | None:
@@ -260,6 +295,9 @@ def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict
     nothing is proven here."""
     found = _explained(values, "gradients", allowed)
     if found is None or found:
+        return found
+    found = _wrong_experts(values, allowed) if any(relative(*v["out"]) > allowed for v in values) else ""
+    if found:  # gradients of a forward whose pairs other experts computed
         return found
     found = _aux_weighted(values, allowed, sizes) or _torch_double_divide(values, allowed)
     if found:

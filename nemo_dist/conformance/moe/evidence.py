@@ -16,7 +16,7 @@ from torch import nn
 from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.moe.local import LocalRows
 from nemo_dist.conformance.moe.reading import full, grad_or_zeros, held_experts, layer_loss, loss_of
-from nemo_dist.conformance.moe.variants import VARIANTS, pair_contributions, variant_forward
+from nemo_dist.conformance.moe.variants import VARIANTS, every_expert, pair_contributions, variant_forward
 
 __all__ = ["diagnosis"]
 
@@ -45,7 +45,8 @@ def diagnosis(
 
     ``out``, ``aux``, ``tokens_grad``: ``(got, want)`` for this rank; ``grads``: ``{name: (got, want)}`` whole;
     ``own_share``: each parameter's gradient from this rank's tokens alone (what a gradient never summed over ranks
-    is); ``pairs``: what each of this rank's (token, expert) pairs adds to one process's output; ``variants``:
+    is); ``pairs``: what each of this rank's (token, expert) pairs adds to one process's output; ``every_expert``:
+    each of its tokens through every expert, with one process's routing; ``variants``:
     ``{kind: {"out", "aux", "tokens_grad", "grads"}}`` of :mod:`~nemo_dist.conformance.moe.variants`; these two on
     the suite's own layer only.
     """
@@ -61,6 +62,8 @@ def diagnosis(
         "aux_weight": aux_weight,
     }
     values["pairs"] = _cpu(pair_contributions(reference, xs[me].to(device)))
+    found = every_expert(reference, xs[me].to(device))
+    values["every_expert"] = None if found is None else {k: _cpu(v) for k, v in found.items()}
     own_loss = layer_loss(reference, xs[me], projections[me], aux_weight)[0]
     values["own_share"] = dict(zip(names, (_cpu(g / divisor) for g in _param_grads(own_loss, params)), strict=True))
     values["variants"] = {}

@@ -29,7 +29,7 @@ from torch import nn
 
 from nemo_dist.conformance.moe.layer import TinyMoE, expert_outputs
 
-__all__ = ["VARIANTS", "pair_contributions", "variant_forward"]
+__all__ = ["VARIANTS", "every_expert", "pair_contributions", "variant_forward"]
 
 VARIANTS = ("weights_twice", "weights_detached", "dispatch_detached", "own_experts_only", "aux_over_all_tokens")
 
@@ -63,6 +63,18 @@ def variant_forward(
     if kind == "aux_over_all_tokens" and every is not None:
         scores, indices, _ = layer.route(every)
     return out, layer.load_balance_loss(scores, indices)
+
+
+def every_expert(layer: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """For a :class:`TinyMoE`: ``outputs`` ``[T, E, dim]`` (each token through every expert, unweighted), and the
+    routing one process gives: ``indices`` and ``weights`` ``[T, top_k]``; None for any other layer."""
+    if not isinstance(layer, TinyMoE):
+        return None
+    with torch.no_grad():
+        _, indices, weights = layer.route(tokens)
+        w1, w2 = layer.experts.w1, layer.experts.w2
+        outputs = torch.stack([torch.nn.functional.silu(tokens @ w1[e]) @ w2[e] for e in range(w1.shape[0])], dim=1)
+        return {"outputs": outputs, "indices": indices, "weights": weights}
 
 
 def pair_contributions(layer: nn.Module, tokens: torch.Tensor) -> torch.Tensor | None:
