@@ -106,7 +106,6 @@ GALLERY: dict[str, Row] = {
                              _cause(causes.DISPATCH_DETACHED)),
     "capacity": Row(
         G + "capacity:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}), _cause(causes.DROPPED_PAIRS),
-        uncaused=frozenset({GRADIENTS, TRAINS}),
     ),
     "router_bfloat16": Row(G + "router_bfloat16:apply_ep", frozenset({FORWARD, GRADIENTS, TRAINS}),
                            "is within bfloat16's rounding"),

@@ -296,9 +296,10 @@ def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict
     found = _explained(values, "gradients", allowed)
     if found is None or found:
         return found
-    found = _wrong_experts(values, allowed) if any(relative(*v["out"]) > allowed for v in values) else ""
-    if found:  # gradients of a forward whose pairs other experts computed
-        return found
+    if any(relative(*v["out"]) > allowed for v in values):  # gradients of a wrong forward: its proven cause
+        found = _wrong_experts(values, allowed) or _dropped_pairs(values, allowed)
+        if found:
+            return found
     found = _aux_weighted(values, allowed, sizes) or _torch_double_divide(values, allowed)
     if found:
         return found
