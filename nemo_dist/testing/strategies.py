@@ -21,14 +21,12 @@ from hypothesis import strategies as st
 
 __all__ = [
     "ALL_DTYPES",
-    "DDP_CONFIG_DEFAULTS",
     "FLOAT_DTYPES",
     "LAYOUTS",
     "Values",
     "all_dtypes",
     "applies",
     "apply_layout",
-    "ddp_configs",
     "float_dtypes",
     "layouts",
     "rank_tensors",
@@ -231,5 +229,3 @@ def upstream_grads(
     """
     return rank_tensors(world_size, out_shape, dtype, values=values)
 
-
-from nemo_dist.testing._ddp_strategies import DDP_CONFIG_DEFAULTS, ddp_configs  # noqa: E402  (re-export; own module)

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from nemo_dist.conformance.ddp.configs import DDP_CONFIG_DEFAULTS
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import check
-from nemo_dist.testing.strategies import DDP_CONFIG_DEFAULTS
 
 __all__ = [
     "CONTRACT_DEFAULTS",

@@ -36,6 +36,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nemo_dist.conformance.ddp import op_ranks, ranks, recompute, training
+from nemo_dist.conformance.ddp.configs import ddp_configs
 from nemo_dist.conformance.ddp.entry_point import NotDDP
 from nemo_dist.conformance.ddp.expectations import (
     TOLERANCE_BF16,
@@ -50,7 +51,6 @@ from nemo_dist.conformance.ddp.ops import require_seen
 from nemo_dist.conformance.errors import ChosenByCode, NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, check
-from nemo_dist.testing.strategies import ddp_configs
 
 __all__ = [
     "activation_checkpointing_full",

@@ -1,4 +1,8 @@
-"""Hypothesis strategy for ``DDPConfig`` keyword dicts."""
+"""The contract's ``DDPConfig`` defaults, and a hypothesis strategy for valid ``DDPConfig`` keyword dicts.
+
+The ddp suite draws the configs it trains with; the config suite checks a config against these defaults. They
+belong to the components' contract, not to the harness (``nemo_dist.testing`` knows no component).
+"""
 
 from __future__ import annotations
 
