@@ -201,6 +201,11 @@ GALLERY: dict[str, Row] = {
         first_parameter="layers.0.mlp.gate.weight",
         needs="nemo_automodel.components.moe.parallelizer",
     ),
+    # Upstream's composition as its recipe trains (every layout of 4 ranks, edp 2 x ep 2 included: thorough).
+    "upstream_composed": Row(
+        G + "upstream:composed", options=UPSTREAM_COMPOSED, first_parameter="layers.0.mlp.gate.weight",
+        needs="nemo_automodel.components.moe.parallelizer",
+    ),
     # Upstream's composition with its aux loss declared as counting like the loss: the averaging is named.
     "upstream_composed_aux_undeclared": Row(
         G + "upstream:composed", frozenset({GRADIENTS, TRAINS}),
@@ -286,7 +291,8 @@ def test_expert_parallelism_fails_exactly_its_stated_checks_naming_the_cause(
                      ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"), "router.weight Shard(0)", id="fsdp2_strided"),
         # Experts Shard(1) over edp (upstream's ep_shard) and Shard(0) over ep where both are 2.
         pytest.param(G + "upstream:composed", UPSTREAM_COMPOSED, ("edp 4 x ep 1", "edp 2 x ep 2", "edp 1 x ep 4"),
-                     "layers.0.mlp.gate.weight Shard(0)", id="upstream", marks=pytest.mark.upstream),
+                     "layers.0.mlp.gate.weight Shard(0)", id="upstream",
+                     marks=[pytest.mark.upstream, pytest.mark.thorough]),
     ],
 )
 def test_a_composition_conforms_in_every_layout_of_four_ranks(
