@@ -33,6 +33,7 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe import ranks
 from nemo_dist.conformance.moe.causes import forward_cause, gradient_cause
+from nemo_dist.conformance.moe.messages import Probe, RunReport
 from nemo_dist.conformance.moe.target import (
     Layout,
     batches,
@@ -91,14 +92,14 @@ class Scenario:
         """The seed the layer and the tokens are made from."""
         return 7 + sum(self.counts) + 31 * len(self.muted)
 
-    def describe(self, reports: list[dict[str, Any]] | None = None) -> str:
+    def describe(self, reports: list[RunReport] | None = None) -> str:
         """The layout, ``tokens per rank [...]``, the muted experts, and the pairs each rank received where the
         ranks know."""
         text = "" if self.layout is None else f"{describe_layout(self.layout)}, "
         text += f"tokens per {'tp group' if tp_size(self.layout) > 1 else 'rank'} {list(self.counts)}"
         if self.muted:
             text += f", router steered off experts {list(self.muted)}"
-        pairs = [f.get("received_pairs") for f in reports or []]
+        pairs = [f.received_pairs for f in reports or []]
         if pairs and all(p is not None for p in pairs):
             text += f" (pairs received per rank {pairs})"
         return text
@@ -109,28 +110,27 @@ class Placed:
     """How the target lays the layer out in one world and layout: every rank's probe
     (:func:`~.ranks.placements`), what sharding did to the weights included."""
 
-    probes: list[dict[str, Any]]
+    probes: list[Probe]
 
     @property
     def placements(self) -> list[dict[str, str] | str]:
         """Per rank, how each parameter is held (or the error the target raised)."""
-        return [f["placements"] for f in self.probes]
+        return [f.placements for f in self.probes]
 
     @property
     def held(self) -> list[list[int] | None]:
         """Per rank, the experts it holds (None where nothing says)."""
-        return [f["held"] for f in self.probes]
+        return [f.held for f in self.probes]
 
     @property
     def routing(self) -> tuple[int, int] | None:
         """``(num_experts, top_k)`` of a layer whose routing the suite can steer, else None."""
-        found: tuple[int, int] | None = self.probes[0]["routing"]
-        return found
+        return self.probes[0].routing
 
 
 _PLACED: dict[tuple[int, Implementation, Layout], Placed] = {}
 _EXPERTS: dict[Implementation, int] = {}
-_RUNS: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]] | BaseException] = {}
+_RUNS: dict[tuple[int, Implementation, Scenario], list[RunReport] | BaseException] = {}
 _DIAGNOSES: dict[tuple[int, Implementation, Scenario], list[dict[str, Any]]] = {}
 
 
@@ -205,13 +205,13 @@ def _drawn(world: WorldLike, impl: Implementation) -> st.SearchStrategy[Scenario
     return st.one_of(*(in_layout(layout) for layout in world_layouts(world, impl)))
 
 
-def _run(world: WorldLike, impl: Implementation, scenario: Scenario, diagnose: bool = False) -> list[dict[str, Any]]:
+def _run(world: WorldLike, impl: Implementation, scenario: Scenario, diagnose: bool = False) -> list[RunReport]:
     """Every rank's :func:`~.ranks.run` of ``scenario`` (with ``diagnose``: its diagnosis values too)."""
     return world.run(ranks.run, impl, list(scenario.counts), scenario.seed(), STEPS, list(scenario.muted), diagnose,
                      layout=scenario.layout)
 
 
-def _reports(world: WorldLike, impl: Implementation, scenario: Scenario) -> list[dict[str, Any]]:
+def _reports(world: WorldLike, impl: Implementation, scenario: Scenario) -> list[RunReport]:
     """Every rank's report of ``scenario`` in this world (run once per world size and target, shared by the checks;
     a run that raised or hung raises the same for every check)."""
     key = (world.size, impl, scenario)
@@ -233,7 +233,7 @@ def drawn_examples() -> int:
     return max(1, settings().max_examples // 10)
 
 
-Judge = Callable[[Scenario, list[dict[str, Any]]], None]
+Judge = Callable[[Scenario, list[RunReport]], None]
 
 
 Diagnose = Callable[[Sequence[dict[str, Any]], float, dict[str, int]], "str | None"]
@@ -299,7 +299,7 @@ def _diagnosis(world: WorldLike, impl: Implementation, scenario: Scenario) -> li
     size, target and scenario."""
     key = (world.size, impl, scenario)
     if key not in _DIAGNOSES:
-        _DIAGNOSES[key] = [f["values"] for f in _run(world, impl, scenario, diagnose=True)]
+        _DIAGNOSES[key] = [f.values or {} for f in _run(world, impl, scenario, diagnose=True)]
     return _DIAGNOSES[key]
 
 
@@ -338,10 +338,10 @@ def moe_check(name: str, *, rule: WorldRule | None = EXPERTS_SPLIT) -> Callable[
     return register
 
 
-def _changed(reports: list[dict[str, Any]], impl: Implementation) -> str | None:
+def _changed(reports: list[RunReport], impl: Implementation) -> str | None:
     """The sharding check's cause when sharding already changed the weights on some rank (every later difference
     follows from that), else None."""
-    changed = any(f["local_problems"] or _off(f["start"], tolerance(impl)) for f in reports)
+    changed = any(f.local_problems or _off(f.start, tolerance(impl)) for f in reports)
     return SHARDING_CHANGED if changed else None
 
 
@@ -349,11 +349,11 @@ def _changed(reports: list[dict[str, Any]], impl: Implementation) -> str | None:
 def forward_equals_one_process(world: WorldLike, impl: Implementation) -> None:
     """Each rank's output and auxiliary load-balance loss equal one process's on that rank's tokens."""
 
-    def judge(scenario: Scenario, reports: list[dict[str, Any]]) -> None:
+    def judge(scenario: Scenario, reports: list[RunReport]) -> None:
         changed = _changed(reports, impl)
         where = f"{scenario.describe(reports)}: "
-        _close_on_every_rank([{"output": f["out"]} for f in reports], impl, where, changed)
-        _close_on_every_rank([{"aux loss": f["aux"]} for f in reports if f["has_aux"]], impl, where, changed)
+        _close_on_every_rank([{"output": f.out} for f in reports], impl, where, changed)
+        _close_on_every_rank([{"aux loss": f.aux} for f in reports if f.has_aux], impl, where, changed)
 
     _each_scenario(world, impl, judge, forward_cause)
 
@@ -364,11 +364,11 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
     shard got none) equal one process's on the whole batch, and so does the gradient of each rank's tokens (what
     reaches the layers before)."""
 
-    def judge(scenario: Scenario, reports: list[dict[str, Any]]) -> None:
+    def judge(scenario: Scenario, reports: list[RunReport]) -> None:
         changed = _changed(reports, impl)
         where = f"{scenario.describe(reports)}: "
-        _close_on_every_rank([f["grads"] for f in reports], impl, f"{where}gradients of ", changed)
-        _close_on_every_rank([{"each rank's tokens": f["tokens_grad"]} for f in reports], impl,
+        _close_on_every_rank([f.grads for f in reports], impl, f"{where}gradients of ", changed)
+        _close_on_every_rank([{"each rank's tokens": f.tokens_grad} for f in reports], impl,
                              f"{where}the gradient of ", changed)
 
     _each_scenario(world, impl, judge, gradient_cause)
@@ -380,18 +380,18 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     a DTensor sharded nowhere) is bit-identical on every rank, and every shard is bit-identical on the ranks that
     hold the same part (replicas over expert-data parallelism)."""
 
-    def judge(scenario: Scenario, reports: list[dict[str, Any]]) -> None:
+    def judge(scenario: Scenario, reports: list[RunReport]) -> None:
         changed = _changed(reports, impl)
-        _close_on_every_rank([f["steps"] for f in reports], impl, f"{scenario.describe(reports)}: after steps ",
+        _close_on_every_rank([f.steps for f in reports], impl, f"{scenario.describe(reports)}: after steps ",
                              changed)
-        for name, digest in reports[0]["replicated_digests"].items():
-            apart = [r for r, f in enumerate(reports) if f["replicated_digests"].get(name) != digest]
+        for name, digest in reports[0].replicated_digests.items():
+            apart = [r for r, f in enumerate(reports) if f.replicated_digests.get(name) != digest]
             assert not apart, (
                 f"{scenario.describe(reports)}: replicated {name} differs from rank 0's on rank(s) {apart} after steps"
             )
         holders: dict[tuple[str, Any], list[tuple[int, str]]] = {}
         for rank, found in enumerate(reports):
-            for name, (part, digest) in found["shard_digests"].items():
+            for name, (part, digest) in found.shard_digests.items():
                 holders.setdefault((name, part), []).append((rank, digest))
         for (name, _part), held in holders.items():
             apart = [r for r, d in held if d != held[0][1]]
@@ -413,22 +413,22 @@ def experts_sharded_over_ep(world: WorldLike, impl: Implementation) -> None:
         reports = _placed(world, impl, layout).probes
         where = "" if layout is None else f"{describe_layout(layout)}: "
         found = reports[0]
-        if isinstance(found["placements"], str):
-            raise AssertionError(f"{where}the target raised applying expert parallelism: {found['placements']}")
-        problems = sorted({problem for f in reports for problem in f["local_problems"]})
+        if isinstance(found.placements, str):
+            raise AssertionError(f"{where}the target raised applying expert parallelism: {found.placements}")
+        problems = sorted({problem for f in reports for problem in f.local_problems})
         assert not problems, (
             f"{where}sharding changed the layer's weights: the rank-local rows of {'; '.join(problems)}"
         )
-        _close_on_every_rank([found["start"]], impl, f"{where}sharding changed the layer's weights: ")
-        wrong = sorted({name for f in reports for name in f["chunks_wrong"]})
+        _close_on_every_rank([found.start], impl, f"{where}sharding changed the layer's weights: ")
+        wrong = sorted({name for f in reports for name in f.chunks_wrong})
         assert not wrong, f"{where}local shards that are not their placement's chunk: {', '.join(wrong)}"
         expert_groups = world.size if layout is None else layout[1]
         if expert_groups > 1:
-            sharded = [n for n, p in found["placements"].items() if p != "plain"]
+            sharded = [n for n, p in found.placements.items() if p != "plain"]
             if not sharded:
                 raise AssertionError(f"{where}nothing is sharded over the {expert_groups}-rank ep mesh: "
-                                     f"{found['placements']}")
-        elif not found["placements"]:
+                                     f"{found.placements}")
+        elif not found.placements:
             raise NotApplicable("the layer has no parameters")
 
 

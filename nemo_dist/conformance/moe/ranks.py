@@ -37,6 +37,7 @@ from nemo_dist.conformance.gather.ranks import _device
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.moe.evidence import diagnosis
 from nemo_dist.conformance.moe.local import LocalRows, find
+from nemo_dist.conformance.moe.messages import Probe, RunReport
 from nemo_dist.conformance.moe.reading import (
     chunks_match,
     difference,
@@ -166,7 +167,7 @@ class _Recipe:
 def run(
     impl: Implementation, counts: Sequence[int], seed: int, steps: Sequence[tuple[str, int]], muted: Sequence[int] = (),
     diagnose: bool = False, layout: Layout = None,
-) -> dict[str, Any]:
+) -> RunReport:
     """One example: forward, backward and ``steps`` of the expert-parallel layer and of one process; what differs.
 
     ``counts[b]`` tokens in batch b, the batch of rank b (of the ranks ``b * tp ...`` under tensor parallelism);
@@ -193,14 +194,10 @@ def run(
     xs = [tokens(seed, r, n, dim) for r, n in enumerate(counts)]
     projections = [tokens(seed, r, n, dim, salt=1) for r, n in enumerate(counts)]
     local, found_problems = find(layer, before, replicas=_replicas(layout))
-    found: dict[str, Any] = {
-        "placements": placements_of(layer, local), "chunks_wrong": chunks_match(layer),
-        "local_problems": found_problems, "received_pairs": _received_pairs(reference, layer, local, xs),
-    }
-    found["start"] = {
-        name: difference(whole(p, local.get(name)), before[name]) for name, p in layer.named_parameters()
-        if name in before
-    }
+    placed, chunks_wrong = placements_of(layer, local), chunks_match(layer)
+    received = _received_pairs(reference, layer, local, xs)
+    start = {name: difference(whole(p, local.get(name)), before[name]) for name, p in layer.named_parameters()
+             if name in before}
     mine = xs[batch].clone().requires_grad_(True)
     loss, out, aux = recipe.loss(layer, mine, projections[batch])
     recipe.backward(layer, loss)
@@ -209,27 +206,30 @@ def run(
     recipe.expected(reference)
     # A rank's tokens' gradient is never reduced: it carries the loss's scale and nothing else.
     want_tokens = grad_or_zeros(theirs[batch]) * recipe.scale
-    found["tokens_grad"] = difference(grad_or_zeros(mine), want_tokens)
-    found["out"] = difference(full(out), want_out)
-    found["aux"] = None if aux is None or want_aux is None else difference(full(aux), want_aux)
-    found["has_aux"] = aux is not None
+    tokens_grad = difference(grad_or_zeros(mine), want_tokens)
+    out_off = difference(full(out), want_out)
+    aux_off = None if aux is None or want_aux is None else difference(full(aux), want_aux)
     wanted = dict(reference.named_parameters())
     grads = {name: (whole_grad(p, local.get(name), summed=not recipe.composed), grad_or_zeros(wanted[name]))
              for name, p in layer.named_parameters() if name in wanted}
-    found["grads"] = {name: difference(got, want) for name, (got, want) in grads.items()}
+    values = None
     if diagnose:
-        found["values"] = diagnosis(reference, layer, local, xs, projections, batch,
-                                    (out, aux, mine, want_out, want_aux, want_tokens, grads), divisor=recipe.divisor,
-                                    aux_weight=recipe.aux_weight)
-        found["values"]["aux_parts"] = _aux_parts(recipe, reference, xs, projections, batch)
-        found["values"]["torch_divide"] = _torch_divide(layer, recipe)
-    found["steps"] = _train(layer, reference, xs, projections, steps, batch, local, recipe)
-    found["replicated_digests"] = {
+        values = diagnosis(reference, layer, local, xs, projections, batch,
+                           (out, aux, mine, want_out, want_aux, want_tokens, grads), divisor=recipe.divisor,
+                           aux_weight=recipe.aux_weight)
+        values["aux_parts"] = _aux_parts(recipe, reference, xs, projections, batch)
+        values["torch_divide"] = _torch_divide(layer, recipe)
+    stepped = _train(layer, reference, xs, projections, steps, batch, local, recipe)
+    replicated = {
         name: digest(p.to_local() if isinstance(p, DTensor) else p) for name, p in layer.named_parameters()
         if name not in local and (not isinstance(p, DTensor) or not any(shards(pl) for pl in p.placements))
     }
-    found["shard_digests"] = shard_digests(layer, local)
-    return found
+    return RunReport(
+        placements=placed, chunks_wrong=chunks_wrong, local_problems=found_problems, received_pairs=received,
+        start=start, tokens_grad=tokens_grad, out=out_off, aux=aux_off, has_aux=aux is not None,
+        grads={name: difference(got, want) for name, (got, want) in grads.items()}, steps=stepped,
+        replicated_digests=replicated, shard_digests=shard_digests(layer, local), values=values,
+    )
 
 
 def _aux_parts(
@@ -321,25 +321,21 @@ def _train(
             for name, p in layer.named_parameters() if name in reference_params}
 
 
-def placements(impl: Implementation, layout: Layout = None) -> dict[str, Any]:
-    """How the target lays the layer out on this rank, before any forward: ``placements`` (each parameter's
-    ``Shard(0)``, ``plain``..., or the error the target raised), ``held`` (the experts this rank holds, None where
-    nothing says), ``routing`` (``(num_experts, top_k)`` of a layer whose routing the suite can steer, else None),
-    and what sharding did to the weights: ``start`` (each parameter whole against the unsharded layer's),
-    ``chunks_wrong`` and ``local_problems``."""
+def placements(impl: Implementation, layout: Layout = None) -> Probe:
+    """How the target lays the layer out on this rank, before any forward (:class:`~.messages.Probe`)."""
     layer = build_layer(impl, 0).to(_device())
     experts = getattr(layer, "num_experts", None)
-    routing = (layer.num_experts, layer.top_k) if steerable(layer) else None
+    routing = (int(getattr(layer, "num_experts")), int(getattr(layer, "top_k"))) if steerable(layer) else None  # noqa: B009
     start = {name: p.detach().clone() for name, p in layer.named_parameters()}
     try:
         layer = parallelize(impl, layer, _mesh(layout))
     except Exception as exc:  # reported by the checks, which run it again
-        return {"placements": f"{type(exc).__name__}: {exc}", "held": None, "routing": routing}
+        return Probe(placements=f"{type(exc).__name__}: {exc}", held=None, routing=routing)
     local, problems = find(layer, start, replicas=_replicas(layout))
     held = held_experts(layer, local, experts) if isinstance(experts, int) else None
-    return {
-        "placements": placements_of(layer, local), "held": held, "routing": routing,
-        "chunks_wrong": chunks_match(layer), "local_problems": problems,
-        "start": {name: difference(whole(p, local.get(name)), start[name]) for name, p in layer.named_parameters()
-                  if name in start},
-    }
+    return Probe(
+        placements=placements_of(layer, local), held=held, routing=routing, chunks_wrong=chunks_match(layer),
+        local_problems=problems,
+        start={name: difference(whole(p, local.get(name)), start[name]) for name, p in layer.named_parameters()
+               if name in start},
+    )
