@@ -69,7 +69,7 @@ def test_stages_are_placed_round_robin_or_in_a_v() -> None:
 
 
 def test_a_stage_keeps_its_layers_and_parts_under_the_model_s_names() -> None:
-    model = TinyPipelineLM()
+    model = TinyPipelineLM(layers=5)
     first = pp.stage_module(model, range(0, 3), first=True, last=False)
     last = pp.stage_module(model, range(3, 5), first=False, last=True)
     names = {n for n, _ in model.named_parameters()}

@@ -7,7 +7,7 @@ without it): the embedding-less stage takes hidden states, the head-less one
 returns them. Every norm's weight starts away from 1 (a norm applied twice,
 or skipped, changes the numbers), and each block mixes the sequence causally
 (a running mean), so microbatches split on the sequence dim change them too.
-Five layers by default: neither 2 nor 4 stages divide them.
+Nine layers by default: 2, 4, 6 or 8 stages split them unevenly.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch import nn
 
 __all__ = ["LAYERS", "VOCAB", "Block", "RMSNorm", "TinyPipelineLM"]
 
-#: The default layer count: not a multiple of 2, 3 or 4 (an uneven split at every pipeline size the suite runs).
-LAYERS = 5
+#: The default layer count: 2, 4, 6 and 8 stages (pp 2 and 4, one or two stages a rank) split it unevenly.
+LAYERS = 9
 #: The vocabulary: labels and token ids are drawn below it.
 VOCAB = 16
 

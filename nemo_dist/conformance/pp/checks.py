@@ -1,0 +1,205 @@
+"""Conformance checks of pipelines: any stage split and schedule judged by behaviour against one process.
+
+Each check runs the target's pipeline (:mod:`.target`) on a pipeline group
+of the whole world, for every schedule ``--pp-schedule`` names (or the
+function's own) and every microbatch count of the run's matrix: 1, 2 and 4
+in the run's smallest world of two ranks or more, the world's size in the
+others (:func:`~nemo_dist.conformance.registry.thorough`). The checks of one
+run share it (:func:`each_run`). A pipeline that refuses a microbatch count
+below twice the world's size on every rank alike while it is built, its
+error naming microbatches (1F1B refuses fewer microbatches than stages), is
+skipped for that count, not failed; any other error fails.
+
+Tolerances, relative to ``max(1, max |expected|)``: 1e-12 for the loss and
+gradients (float64 throughout; the largest difference measured with 2 to 4
+microbatches is 9e-16, the smallest real bug about 1e-3), 1e-10 for the
+parameters after an SGD and an Adam step (Adam divides by ``sqrt(v) +
+1e-8``, which can magnify a roundoff on a gradient below 1e-8 a
+millionfold).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from nemo_dist.conformance.errors import NotApplicable
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.pp import ranks, target
+from nemo_dist.conformance.pp.causes import DETACHED, DROPPED, DUPLICATED, cause_of, exact_factor, pp_check
+from nemo_dist.conformance.pp.models import TinyPipelineLM
+from nemo_dist.conformance.registry import WorldLike, failure, thorough
+from nemo_dist.testing import RankFailure
+
+__all__ = [
+    "GRADIENT_TOLERANCE",
+    "PARAMETER_TOLERANCE",
+    "each_run",
+    "gradients_equal_one_process",
+    "loss_equals_one_process",
+    "stages_hold_every_parameter_once",
+    "trains_like_one_process",
+]
+
+GRADIENT_TOLERANCE = 1e-12
+PARAMETER_TOLERANCE = 1e-10
+#: The optimizer steps of every run: one SGD step, then one Adam step (the first step's gradients are checked).
+STEPS = (("sgd", 1), ("adam", 1))
+#: The microbatch counts of the whole matrix.
+MICROBATCHES = (1, 2, 4)
+#: The model's parameter names, in order.
+NAMES: tuple[str, ...] = tuple(name for name, _ in TinyPipelineLM().named_parameters())
+
+#: The first line of a rank's failure where the target raised (:class:`~.ranks.TargetRaised`).
+_RAISED = re.compile(r"^rank \d+ raised (?:[\w.]+\.)?TargetRaised: (?P<where>[^:]+): (?P<error>.*)$")
+
+
+def _describe(schedule: str | None, size: int, microbatches: int) -> str:
+    return (f"{schedule or 'its own schedule'}, pp {size}, {microbatches} microbatch"
+            f"{'es' if microbatches != 1 else ''}")
+
+
+def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's :func:`~.ranks.run` of ``spec``; a rank where the target raised reports ``{"error", "where",
+    "traceback"}``. A target that raised on some ranks while others waited for it is the harness's
+    ``RankFailure`` (the exception, and where the others were stuck), raised as it is: never a hang."""
+    try:
+        return world.run(ranks.run, impl, spec)
+    except RankFailure as exc:
+        found: list[dict[str, Any]] = []
+        for rank in range(world.size):
+            text = exc.failures.get(rank, "")
+            raised = _RAISED.match(text.splitlines()[0]) if text else None
+            if rank in exc.returned:
+                found.append(exc.returned[rank])
+            elif raised is None:
+                raise
+            else:
+                found.append({"error": raised["error"], "where": raised["where"], "traceback": text})
+        return found
+
+
+def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[dict[str, Any]]]]:
+    """``(label, reports)`` of every schedule and microbatch count this world runs (see the module docstring);
+    a target that raised is a failure naming its error and ranks; NotApplicable when every count is refused."""
+    counts = MICROBATCHES if thorough() else (world.size,)
+    runs, refused = [], []
+    for schedule in target.schedules(impl):
+        for microbatches in counts:
+            where = _describe(schedule, world.size, microbatches)
+            spec = {"microbatches": microbatches, "schedule": schedule, "steps": STEPS}
+            found = run_reports(world, impl, spec)
+            raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]
+            if not raised:
+                runs.append((where, found))
+                continue
+            first = raised[0][1]
+            same = {(r["where"], r["error"]) for _, r in raised} == {(ranks.BUILDING, first["error"])}
+            if len(raised) == world.size and same and microbatches < 2 * world.size and _about_microbatches(first):
+                refused.append(f"{where}: {first['error']}")
+                continue
+            errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
+            raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}\n"
+                                 f"{first['traceback']}")
+    if not runs:
+        raise NotApplicable("the pipeline refuses every microbatch count checked: " + "; ".join(refused))
+    return runs
+
+
+def _about_microbatches(report: dict[str, Any]) -> bool:
+    """Whether a target's error refuses a microbatch count (torch's say "microbatches"): any other error is a
+    failure, whatever the count."""
+    return "microbatch" in report["error"].lower()
+
+
+def _close(pair: Any, tolerance: float) -> bool:
+    return pair is not None and pair[0] <= tolerance * pair[1]
+
+
+def _sizes(report: dict[str, Any]) -> dict[str, float]:
+    m, tokens = report["microbatches"], report["tokens"]
+    return {"M": m, "1/M": 1 / m, "tokens": tokens, "tokens/M": tokens / m}
+
+
+@pp_check("pp.stages_hold_every_parameter_once")
+def stages_hold_every_parameter_once(world: WorldLike, impl: Implementation) -> None:
+    """The stages of all ranks together hold every parameter of the model exactly once, and nothing else."""
+    for where, found in each_run(world, impl):
+        held: dict[str | None, list[str]] = {}
+        for rank, report in enumerate(found):
+            for index, name, known in report["held"]:
+                held.setdefault(known, []).append(f"stage {index} (rank {rank}) as {name}")
+        unknown = held.pop(None, [])
+        assert not unknown, f"{where}: stages hold parameters that are not the model's: {', '.join(unknown)}"
+        missing = [name for name in NAMES if name not in held]
+        if missing:
+            raise failure(f"{where}: no stage holds {', '.join(missing)}", DROPPED.format(layers=_layers(missing)))
+        twice = {str(name): places for name, places in held.items() if len(places) > 1}
+        if twice:
+            lines = "\n".join(f"  {name}: {'; '.join(places)}" for name, places in twice.items())
+            raise failure(f"{where}: parameters held more than once:\n{lines}",
+                          DUPLICATED.format(layers=_layers(list(twice))))
+
+
+def _layers(names: list[str]) -> str:
+    """The layers (``layers.3``) or parts the parameter names belong to, in order."""
+    parts = [".".join(name.split(".")[:2]) if name.startswith("layers.") else name.split(".")[0] for name in names]
+    return ", ".join(dict.fromkeys(parts))
+
+
+@pp_check("pp.loss_equals_one_process")
+def loss_equals_one_process(world: WorldLike, impl: Implementation) -> None:
+    """The loss the last stage reports (microbatch means averaged, or token sums over the label tokens) equals one
+    process's mean over the whole batch."""
+    for where, found in each_run(world, impl):
+        reported = [(rank, r) for rank, r in enumerate(found) if r["loss"] is not None]
+        assert reported, f"{where}: no rank reports a loss (the last stage's schedule.step filled no losses list)"
+        for rank, report in reported:
+            got, want = report["loss"]
+            if abs(got - want) <= GRADIENT_TOLERANCE * max(1.0, abs(want)):
+                continue
+            message = f"{where}, rank {rank}: the loss is {got!r}, one process's {want!r}"
+            ratio = got / want if want else float("nan")
+            factor = exact_factor([(ratio, 0.0)], _sizes(report))
+            raise failure(message, cause_of(factor, "the loss is", _sizes(report))) if factor else AssertionError(
+                message)
+
+
+@pp_check("pp.gradients_equal_one_process")
+def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
+    """Every parameter's gradient on the stage holding it equals one process's after a step of the schedule (under
+    ``token_sum``, divided by the batch's label tokens)."""
+    for where, found in each_run(world, impl):
+        for rank, report in enumerate(found):
+            grads = report["grads"]
+            missing = [name for name, pair in grads.items() if pair is None]
+            if missing:
+                stages = sorted({i for i, _, known in report["held"] if known in missing})
+                whole = [i for i in stages if all(grads.get(k) is None for j, _, k in report["held"] if j == i)]
+                message = f"{where}, rank {rank}: no gradient for {', '.join(missing)}"
+                if whole and whole == stages:
+                    raise failure(message, DETACHED.format(stages=", ".join(map(str, whole))))
+                raise AssertionError(message)
+            wrong = {name: pair for name, pair in grads.items() if not _close(pair, GRADIENT_TOLERANCE)}
+            if not wrong:
+                continue
+            lines = "\n".join(f"  {name}: off by {pair[0]:.3g} ({pair[2]:.6g} times one process's)"
+                              for name, pair in wrong.items())
+            message = f"{where}, rank {rank}: gradients differ from one process's:\n{lines}"
+            factor = exact_factor([(pair[2], pair[3]) for pair in wrong.values()], _sizes(report))
+            if factor:
+                raise failure(message, cause_of(factor, "gradients", _sizes(report)))
+            raise AssertionError(message)
+
+
+@pp_check("pp.trains_like_one_process")
+def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
+    """After an SGD and an Adam step through the schedule, every parameter equals one process's."""
+    for where, found in each_run(world, impl):
+        for rank, report in enumerate(found):
+            wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report["params"].items()
+                     if pair is not None and not _close(pair, PARAMETER_TOLERANCE)]
+            assert not wrong, (
+                f"{where}, rank {rank}: after {' and '.join(report['steps'])} steps the parameters differ from one "
+                "process's:\n" + "\n".join(wrong)
+            )

@@ -1,0 +1,71 @@
+"""The pp suite's options and its component, declared to the engine (standard library only).
+
+Loaded by file by :mod:`nemo_dist.conformance.suites` before torch is
+imported: the options join the one option table, and :data:`TARGET` makes
+``pp`` a component the engine resolves, presets and labels.
+"""
+
+from __future__ import annotations
+
+from nemo_dist.conformance.option_spec import Doc, Option
+from nemo_dist.conformance.suites import SuiteTarget
+
+__all__ = ["OPTIONS", "TABLES", "TARGET"]
+
+_NAMES = "names"  # the README table "| option | what it names |"
+_PP = "pp"  # the table "| option | what it says |" of docs/pp.md
+
+#: The option table of pipeline parallelism (docs/pp.md).
+TABLES = {_PP: "what it says"}
+
+#: The bundled pipeline, as the bundled run checks it.
+_BUNDLED = {
+    "pp_fn": "nemo_dist.distributed.pipeline_parallel:build_pipeline",
+    "pp_loss": "token_sum",
+    "pp_schedule": "GPipe,1F1B,Interleaved1F1B",
+}
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "--pp-fn", metavar="MODULE:NAME",
+        help="pipeline parallelism: a function (model, pp_mesh, n_microbatches, loss_fn) -> (schedule, stages), "
+        "checked on the suite's tiny language model against one process",
+        docs=(
+            Doc(_NAMES, "pipeline parallelism: a function `(model, pp_mesh, n_microbatches, loss_fn) -> (schedule, "
+                        "stages)` (see [docs/pp.md](pp.md))"),
+            Doc(_PP, "your pipeline: a function `(model, pp_mesh, n_microbatches, loss_fn) -> (schedule, stages)`, "
+                     "`pp_mesh` a 1-D mesh named `(\"pp\",)` over the world, `stages` this rank's `PipelineStage` "
+                     "objects, `schedule` a torch schedule over them"),
+        ),
+    ),
+    Option(
+        "--pp-loss", metavar="CONVENTION", choices=("mean", "token_sum"),
+        help="the loss convention {opt:pp_fn} is written for: mean (default: loss_fn is a microbatch's mean cross "
+        "entropy, the schedule averages over microbatches, torch's scale_grads=True) or token_sum (upstream's: "
+        "loss_fn sums over label tokens, the suite divides every gradient by the batch's label tokens after the "
+        "step, as upstream's training loop does)",
+        docs=(Doc(_PP, "the loss convention your pipeline is written for: `mean` (default: `loss_fn` is a "
+                       "microbatch's mean cross entropy and the schedule averages over the microbatches, torch's "
+                       "`scale_grads=True`) or `token_sum` (upstream's: `loss_fn` sums over the label tokens, "
+                       "the schedule scales nothing, and the suite divides every gradient by the batch's label "
+                       "tokens after the step, as upstream's training loop does)"),),
+    ),
+    Option(
+        "--pp-schedule", metavar="NAMES",
+        help="comma-separated torch schedule names (GPipe,1F1B,Interleaved1F1B,...), each passed to {opt:pp_fn} as "
+        "schedule=NAME (default: the function's own choice)",
+        docs=(Doc(_PP, "comma-separated torch schedule names (`GPipe,1F1B,Interleaved1F1B,LoopedBFS,"
+                       "InterleavedZeroBubble,ZBVZeroBubble,DualPipeV`), each passed to your function as "
+                       "`schedule=NAME` and checked (default: the function's own choice, no keyword)"),),
+    ),
+)
+
+TARGET = SuiteTarget(
+    component="pp",
+    fields=("pp_fn", "pp_loss", "pp_schedule"),
+    reference=_BUNDLED,
+    presets={"nemo_dist": _BUNDLED},
+    label_fields=("pp_fn",),
+    validate="nemo_dist.conformance.pp.target:validate",
+    subject_fields=("pp_fn",),
+)

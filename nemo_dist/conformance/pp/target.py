@@ -1,0 +1,84 @@
+"""How the pp suite calls what it checks: the pipeline function, its mesh, its loss, its schedules.
+
+The target is a function ``(model, pp_mesh, n_microbatches, loss_fn) ->
+(schedule, stages)`` (``--pp-fn``), called on every rank with the same seeded
+:class:`~nemo_dist.conformance.pp.models.TinyPipelineLM` (float64), a 1-D
+``DeviceMesh`` named ``("pp",)`` over the world, and the loss of the
+declared convention (``--pp-loss``): a microbatch's mean cross entropy
+(``mean``) or its sum over label tokens (``token_sum``). With
+``--pp-schedule``, once per name, given ``schedule=NAME``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nemo_dist.conformance.errors import OptionError
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.importing import resolve_callable
+
+__all__ = ["CONVENTIONS", "IGNORE", "SCHEDULES", "loss_fn", "pipeline", "schedules", "token_sum", "validate"]
+
+#: ``--pp-loss``'s values.
+CONVENTIONS = ("mean", "token_sum")
+#: The schedule names ``--pp-schedule`` accepts (torch's, by ``get_schedule_class``'s names).
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+#: The label value the losses ignore (torch's cross entropy default).
+IGNORE = -100
+
+
+def token_sum(impl: Implementation) -> bool:
+    """Whether the declared convention is upstream's token sum (``--pp-loss token_sum``)."""
+    return impl.suite_option("pp_loss") == "token_sum"
+
+
+def _mean(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output.flatten(0, -2), target.flatten(), ignore_index=IGNORE)
+
+
+def _summed(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output.flatten(0, -2), target.flatten(), ignore_index=IGNORE, reduction="sum")
+
+
+def loss_fn(impl: Implementation) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The ``loss_fn`` the target is given: a microbatch's mean cross entropy, or under ``token_sum`` its sum."""
+    return _summed if token_sum(impl) else _mean
+
+
+def schedules(impl: Implementation) -> tuple[str | None, ...]:
+    """The schedules a run checks: each ``--pp-schedule`` name, else ``(None,)`` (the function's own)."""
+    names = tuple(n.strip() for n in (impl.suite_option("pp_schedule") or "").split(",") if n.strip())
+    return names or (None,)
+
+
+def pipeline(impl: Implementation, model: torch.nn.Module, mesh: Any, microbatches: int,
+             schedule: str | None) -> tuple[Any, list[Any]]:
+    """``(schedule, stages)`` from the target (``schedule=`` passed where a name is given); stages as a list."""
+    keywords = {"schedule": schedule} if schedule is not None else {}
+    found = resolve_callable(impl.suite_option("pp_fn"))(model, mesh, microbatches, loss_fn(impl), **keywords)
+    if not isinstance(found, (tuple, list)) or len(found) != 2:
+        raise TypeError(f"the pipeline function returned {type(found).__name__}, not (schedule, stages)")
+    made, stages = found
+    stages = list(stages) if isinstance(stages, (tuple, list)) else [stages]
+    if not stages or not all(hasattr(s, "submod") for s in stages):
+        raise TypeError("the pipeline function's stages are not PipelineStage objects (each with a submod)")
+    return made, stages
+
+
+def validate(impl: Implementation) -> None:
+    """Import ``--pp-fn`` and check ``--pp-schedule``'s names (in the parent, before any world starts);
+    ``OptionError`` naming the option."""
+    spec = impl.suite_option("pp_fn")
+    if spec is not None:
+        try:
+            resolve_callable(spec, "my_project.pp:build_pipeline", "a function")
+        except OptionError as exc:
+            raise OptionError(f"{{opt:pp_fn}}: {exc.template}") from None
+    known = {name.lower() for name in SCHEDULES}
+    for name in schedules(impl):
+        if name is not None and name.lower() not in known:
+            raise OptionError(f"{{opt:pp_schedule}}: unknown schedule {name!r}; expected some of {','.join(SCHEDULES)}")
