@@ -1,0 +1,116 @@
+"""Layer 2: gloo worlds of 2 ranks. The gallery of pipelines (``tests/forks/gallery_pp_*``).
+
+Each row re-expresses one public pattern (its docstring names it;
+``docs/pp.md`` has the table) and runs as ``nemo-dist-conformance --pp-fn
+...`` runs it, every pp check, in a world of 2 (the whole matrix: 1, 2 and 4
+microbatches). A correct row conforms; a broken one fails exactly the checks
+it lists, each naming the row's cause where the numbers prove one and
+naming none where they do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.report import format_report
+from nemo_dist.conformance.target import resolve_implementation, validate_implementation
+from nemo_dist.testing.plugin import WorldFactory
+
+G = "tests.forks.gallery_pp_"
+BUNDLED = "nemo_dist.distributed.pipeline_parallel:build_pipeline"
+HELD, LOSS = "pp.stages_hold_every_parameter_once", "pp.loss_equals_one_process"
+GRADIENTS, TRAINS = "pp.gradients_equal_one_process", "pp.trains_like_one_process"
+EVERY = frozenset({HELD, LOSS, GRADIENTS, TRAINS})
+
+
+@dataclass(frozen=True)
+class Row:
+    """A pipeline function (``MODULE:NAME``), its pp options, and per failing check the start of the cause it must
+    name (None: it must name none, saying only what differs)."""
+
+    fn: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    failing: Mapping[str, str | None] = field(default_factory=dict)
+
+
+_M = "gradients 2 times one process's (the microbatch count)"
+#: Row id -> row: correct pipelines, then broken ones.
+GALLERY: dict[str, Row] = {
+    "bundled": Row(BUNDLED, {"pp_loss": "token_sum", "pp_schedule": "GPipe,1F1B,Interleaved1F1B"}),
+    "torchtitan": Row(G + "torchtitan:pipeline"),
+    "tracer": Row(G + "tracer:pipeline"),
+    # The bundled pipeline (scale_grads=False, upstream's) run under torch's convention: a mean loss never averaged.
+    "bundled_declared_mean": Row(BUNDLED, {"pp_schedule": "1F1B"}, {GRADIENTS: _M, TRAINS: None}),
+    "loss_not_averaged": Row(G + "loss_not_averaged:pipeline", failing={GRADIENTS: _M, TRAINS: None}),
+    "averaged_twice": Row(G + "averaged_twice:pipeline", failing={
+        LOSS: "the loss is 1/2 of one process's (one over the microbatch count)",
+        GRADIENTS: "gradients 1/2 of one process's (one over the microbatch count)", TRAINS: None,
+    }),
+    "summed_unnormalised": Row(G + "summed_unnormalised:pipeline", failing={
+        LOSS: "the loss is 12 times one process's (a microbatch's label tokens)",
+        GRADIENTS: "gradients 24 times one process's (the batch's label tokens)", TRAINS: None,
+    }),
+    "floor_split": Row(G + "floor_split:pipeline", failing={
+        HELD: "the stages hold none of layers.8: a layer dropped by the stage split", LOSS: None, GRADIENTS: None,
+        TRAINS: None,
+    }),
+    "detached_output": Row(G + "detached_output:pipeline", failing={
+        GRADIENTS: "the parameters of stage 0 get no gradient while one process's are nonzero", TRAINS: None,
+    }),
+}
+
+_REPORTS: dict[str, tuple[Report, str]] = {}
+
+
+def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
+    """Row ``name``'s one report in this process: every pp check in a world of 2."""
+    if name not in _REPORTS:
+        row = GALLERY[name]
+        impl, components = resolve_implementation(suite_options={"pp_fn": row.fn, **row.options})
+        validate_implementation(impl, components)
+        checks = select_checks(load_checks().values(), impl, "all", None, components)
+        report = run_checks(checks, impl, (2,), worlds=world_factory, components=components)
+        _REPORTS[name] = (report, format_report(report))
+    return _REPORTS[name]
+
+
+def _params(names: list[str]) -> list[object]:
+    return [pytest.param(n, id=n, marks=pytest.mark.xdist_group(name="pp_gallery")) for n in names]
+
+
+@pytest.mark.parametrize("name", _params([n for n, row in GALLERY.items() if not row.failing]))
+def test_correct_pipeline_conforms_on_every_pp_check(name: str, world_factory: WorldFactory) -> None:
+    """A correct pipeline passes every pp check in a world of 2, whatever its style."""
+    report, table = _report(name, world_factory)
+    assert report.exit_code() == 0, table
+    assert {v.check for v in report.verdicts if v.outcome == "pass"} == EVERY, table
+
+
+@pytest.mark.parametrize("name", _params([n for n, row in GALLERY.items() if row.failing]))
+def test_broken_pipeline_fails_its_checks_each_naming_its_cause(name: str, world_factory: WorldFactory) -> None:
+    """A broken row fails exactly the checks it lists, none hanging; each names the row's cause, or none."""
+    row = GALLERY[name]
+    report, table = _report(name, world_factory)
+    failed = {v.check: v for v in report.verdicts if v.failed}
+    assert set(failed) == set(row.failing), table
+    assert not [v for v in report.verdicts if v.outcome == "hang"], table
+    for check, cause in row.failing.items():
+        found = failed[check].cause or ""
+        assert found.startswith(cause) if cause else not found, (check, table)
+
+
+@pytest.mark.xdist_group(name="pp_gallery")
+def test_a_pipeline_raising_on_one_rank_shows_its_exception_never_a_hang(world_factory: WorldFactory) -> None:
+    """Rank 1 raises while building, rank 0 waits for it in the schedule's first send: the check FAILs with rank
+    1's exception, not a HANG."""
+    impl, components = resolve_implementation(suite_options={"pp_fn": G + "raises_on_one_rank:pipeline"})
+    checks = [c for c in select_checks(load_checks().values(), impl, "all", None, components) if c.name == HELD]
+    report = run_checks(checks, impl, (2,), worlds=world_factory, components=components, min_deadline=2.0)
+    table = format_report(report)
+    assert [v.outcome for v in report.verdicts] == ["fail"], table
+    assert "rank 1 raised" in report.verdicts[0].message, table
+    assert "RuntimeError: this pipeline breaks on rank 1" in report.verdicts[0].message, table
