@@ -159,13 +159,19 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
          "--moe-loss-scale expects a number or one of @world, @dp, @edp, @ep, @tp; got 'dp'"),
         (["--moe-fn", "tests.forks.gallery_moe_composed:apply_ep", "--moe-mesh", "edp,dp"],
          "--moe-mesh expects one of ep, edp,ep, edp,ep,tp"),
+        (["--pp-fn", "tests.forks.no_such_fork:pipeline"], "--pp-fn: module 'tests.forks.no_such_fork' does not"),
+        (["--pp-fn", "tests.forks.gallery_pp_torchtitan:pipeline", "--pp-schedule", "1F1B,PipeDream"],
+         "--pp-schedule: unknown schedule 'PipeDream'; expected some of GPipe,1F1B,Interleaved1F1B"),
+        (["--pp-fn", "tests.forks.gallery_pp_torchtitan:pipeline", "--pp-loss", "sum"],
+         "--pp-loss expects one of mean, token_sum; got 'sum'"),
     ],
     ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
          "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
          "world-size-not-int", "world-size-zero", "max-examples", "tier", "backend", "timeout", "min-deadline", "seed",
          "check-unknown", "check-entry-point", "hypothesis-db-empty", "hypothesis-db-a-file",
          "hypothesis-db-under-a-file", "moe-compute-dtype", "moe-fn-unimportable", "a2a-kwarg-alone",
-         "moe-reduction-without-composition", "moe-loss-scale", "moe-mesh"],
+         "moe-reduction-without-composition", "moe-loss-scale", "moe-mesh", "pp-fn-unimportable", "pp-schedule",
+         "pp-loss"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

@@ -114,3 +114,26 @@ def test_a_pipeline_raising_on_one_rank_shows_its_exception_never_a_hang(world_f
     assert [v.outcome for v in report.verdicts] == ["fail"], table
     assert "rank 1 raised" in report.verdicts[0].message, table
     assert "RuntimeError: this pipeline breaks on rank 1" in report.verdicts[0].message, table
+
+
+#: Every schedule torch 2.13 has, as ``--pp-schedule`` names them.
+EVERY_SCHEDULE = "GPipe,1F1B,Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV"
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("size", [pytest.param(s, id=f"pp{s}", marks=pytest.mark.xdist_group(name="pp_gallery"))
+                                  for s in (2, 4)])
+def test_the_bundled_pipeline_conforms_under_every_schedule_and_microbatch_count(
+    size: int, world_factory: WorldFactory
+) -> None:
+    """The exhaustive matrix: the bundled pipeline under each of torch's seven schedules (two stages a rank, in a
+    V for ZBVZeroBubble and DualPipeV, where not one) with 1, 2 and 4 microbatches, at pp 2 and pp 4 (the counts
+    a schedule refuses on every rank skipped), passes every pp check."""
+    options = {"pp_fn": BUNDLED, "pp_loss": "token_sum", "pp_schedule": EVERY_SCHEDULE}
+    impl, components = resolve_implementation(suite_options=options)
+    validate_implementation(impl, components)
+    checks = select_checks(load_checks().values(), impl, "all", None, components)
+    report = run_checks(checks, impl, (size,), worlds=world_factory, components=components)
+    table = format_report(report)
+    assert report.exit_code() == 0, table
+    assert {v.check for v in report.verdicts if v.outcome == "pass"} == EVERY, table

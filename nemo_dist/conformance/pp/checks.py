@@ -4,7 +4,7 @@ Each check runs the target's pipeline (:mod:`.target`) on a pipeline group
 of the whole world, for every schedule ``--pp-schedule`` names (or the
 function's own) and every microbatch count of the run's matrix: 1, 2 and 4
 in the run's smallest world of two ranks or more, the world's size in the
-others (:func:`~nemo_dist.conformance.registry.thorough`). The checks of one
+others, one schedule each (:func:`matrix`). The checks of one
 run share it (:func:`each_run`). A pipeline that refuses a microbatch count
 below twice the world's size on every rank alike while it is built, its
 error naming microbatches (1F1B refuses fewer microbatches than stages), is
@@ -37,6 +37,7 @@ __all__ = [
     "each_run",
     "gradients_equal_one_process",
     "loss_equals_one_process",
+    "matrix",
     "stages_hold_every_parameter_once",
     "trains_like_one_process",
 ]
@@ -79,28 +80,35 @@ def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) ->
         return found
 
 
+def matrix(size: int, impl: Implementation) -> list[tuple[str | None, int]]:
+    """``(schedule, microbatches)`` pairs a world of ``size`` runs: every schedule with 1, 2 and 4 microbatches
+    where the check is thorough, else one schedule (the schedules taken in turn by world size) with ``size``."""
+    schedules = target.schedules(impl)
+    if thorough():
+        return [(schedule, m) for schedule in schedules for m in MICROBATCHES]
+    return [(schedules[(size - 2) % len(schedules)], size)]
+
+
 def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[dict[str, Any]]]]:
     """``(label, reports)`` of every schedule and microbatch count this world runs (see the module docstring);
     a target that raised is a failure naming its error and ranks; NotApplicable when every count is refused."""
-    counts = MICROBATCHES if thorough() else (world.size,)
     runs, refused = [], []
-    for schedule in target.schedules(impl):
-        for microbatches in counts:
-            where = _describe(schedule, world.size, microbatches)
-            spec = {"microbatches": microbatches, "schedule": schedule, "steps": STEPS}
-            found = run_reports(world, impl, spec)
-            raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]
-            if not raised:
-                runs.append((where, found))
-                continue
-            first = raised[0][1]
-            same = {(r["where"], r["error"]) for _, r in raised} == {(ranks.BUILDING, first["error"])}
-            if len(raised) == world.size and same and microbatches < 2 * world.size and _about_microbatches(first):
-                refused.append(f"{where}: {first['error']}")
-                continue
-            errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
-            raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}\n"
-                                 f"{first['traceback']}")
+    for schedule, microbatches in matrix(world.size, impl):
+        where = _describe(schedule, world.size, microbatches)
+        spec = {"microbatches": microbatches, "schedule": schedule, "steps": STEPS}
+        found = run_reports(world, impl, spec)
+        raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]
+        if not raised:
+            runs.append((where, found))
+            continue
+        first = raised[0][1]
+        same = {(r["where"], r["error"]) for _, r in raised} == {(ranks.BUILDING, first["error"])}
+        if len(raised) == world.size and same and microbatches < 2 * world.size and _about_microbatches(first):
+            refused.append(f"{where}: {first['error']}")
+            continue
+        errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
+        raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}\n"
+                             f"{first['traceback']}")
     if not runs:
         raise NotApplicable("the pipeline refuses every microbatch count checked: " + "; ".join(refused))
     return runs

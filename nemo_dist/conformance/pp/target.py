@@ -70,7 +70,7 @@ def pipeline(impl: Implementation, model: torch.nn.Module, mesh: Any, microbatch
 
 
 def validate(impl: Implementation) -> None:
-    """Import ``--pp-fn`` and check ``--pp-schedule``'s names (in the parent, before any world starts);
+    """Import ``--pp-fn``, check ``--pp-loss`` and ``--pp-schedule``'s names (in the parent, before any world starts);
     ``OptionError`` naming the option."""
     spec = impl.suite_option("pp_fn")
     if spec is not None:
@@ -78,6 +78,9 @@ def validate(impl: Implementation) -> None:
             resolve_callable(spec, "my_project.pp:build_pipeline", "a function")
         except OptionError as exc:
             raise OptionError(f"{{opt:pp_fn}}: {exc.template}") from None
+    convention = impl.suite_option("pp_loss")
+    if convention is not None and convention not in CONVENTIONS:
+        raise OptionError(f"{{opt:pp_loss}} expects one of {', '.join(CONVENTIONS)}; got {convention!r}")
     known = {name.lower() for name in SCHEDULES}
     for name in schedules(impl):
         if name is not None and name.lower() not in known:
