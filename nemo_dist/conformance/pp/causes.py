@@ -53,15 +53,17 @@ _PRELOAD = ("torch.distributed.pipelining",)
 _EXACT = 1e-9
 
 
-def exact_factor(ratios: list[tuple[float, float]], sizes: dict[str, float]) -> str | None:
+def exact_factor(ratios: list[tuple[float, float]], sizes: dict[str, float], tolerance: float = 0.0) -> str | None:
     """The name of the factor of ``sizes`` (``{"M": 4, "tokens": 48, ...}``) that every ``(ratio, residual)``
-    is exactly (ratio within 1e-9 of it, residual below 1e-9), else None; a factor of 1 proves nothing."""
+    is exactly (ratio within 1e-9 of it, or ``tolerance`` where larger, residual below the same), else None; a
+    factor of 1 proves nothing."""
     if not ratios:
         return None
+    exact = max(_EXACT, tolerance)
     for name, factor in sizes.items():
         if factor == 1 or not math.isfinite(factor):
             continue
-        if all(abs(r - factor) <= _EXACT * factor and res <= _EXACT for r, res in ratios):
+        if all(abs(r - factor) <= exact * factor and res <= exact for r, res in ratios):
             return name
     return None
 

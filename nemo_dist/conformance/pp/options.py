@@ -51,6 +51,24 @@ OPTIONS: tuple[Option, ...] = (
                        "tokens after the step, as upstream's training loop does)"),),
     ),
     Option(
+        "--pp-model", metavar="MODULE:NAME",
+        help="a zero-argument factory of the model {opt:pp_fn} is written for, called as model(token_ids) -> logits "
+        "(or an output with .logits) (default: the suite's tiny language model)",
+        docs=(Doc(_PP, "a zero-argument factory of the model your pipeline is written for (a transformers "
+                       "`LlamaForCausalLM` from a tiny config, say), called as `model(token_ids)` and returning "
+                       "logits or an output with `.logits` (default: the suite's tiny language model); every rank "
+                       "calls it under the same seed"),),
+    ),
+    Option(
+        "--pp-compute-dtype", metavar="DTYPE", choices=("float64", "float32"),
+        help="the dtype the model is built and computed in: float64 (default) or float32 (a pipeline that cannot "
+        "run in float64); the checks then allow that dtype's rounding",
+        docs=(Doc(_PP, "the dtype the model is built and computed in: `float64` (default) or `float32` (upstream's "
+                       "AutoPipeline accepts hidden states between stages only in 16 or 32 bits); the checks then "
+                       "allow 32 roundings of float32, and the training check takes two SGD steps instead of SGD "
+                       "and Adam"),),
+    ),
+    Option(
         "--pp-schedule", metavar="NAMES",
         help="comma-separated torch schedule names (GPipe,1F1B,Interleaved1F1B,...), each passed to {opt:pp_fn} as "
         "schedule=NAME (default: the function's own choice)",
@@ -62,7 +80,7 @@ OPTIONS: tuple[Option, ...] = (
 
 TARGET = SuiteTarget(
     component="pp",
-    fields=("pp_fn", "pp_loss", "pp_schedule"),
+    fields=("pp_fn", "pp_loss", "pp_model", "pp_compute_dtype", "pp_schedule"),
     reference=_BUNDLED,
     presets={"nemo_dist": _BUNDLED},
     label_fields=("pp_fn",),

@@ -1,7 +1,8 @@
 """Rank side of the pp suite: build the target's pipeline, step it next to one process, report.
 
-Every rank builds the same seeded float64 model and keeps a copy for one
-process. :func:`run` hands the model to the target (:mod:`.target`), finds
+Every rank builds the same seeded model (the suite's or ``--pp-model``'s, in
+``--pp-compute-dtype``) and keeps a copy for one process. :func:`run` hands
+the model to the target (:mod:`.target`), finds
 which of the model's parameters each of this rank's stages holds (by name
 where the values match, else by value: a split that renames is still read),
 and runs the schedule's steps on the batch, the copy taking the whole batch
@@ -25,7 +26,6 @@ import torch.nn.functional as F
 
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.pp import target
-from nemo_dist.conformance.pp.models import VOCAB, TinyPipelineLM
 
 __all__ = ["BUILDING", "SEED", "TargetRaised", "batch", "difference", "run"]
 
@@ -43,12 +43,13 @@ class TargetRaised(Exception):
     returned, so that ranks it left waiting are reported stuck beside it, never as a hang of their own."""
 
 
-def batch(microbatches: int, uneven: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and labels, 2 rows a microbatch; ``uneven``: microbatch m's last m label columns ignored."""
+def batch(microbatches: int, uneven: bool, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and labels below ``vocab``, 2 rows a microbatch; ``uneven``: microbatch m's last m label columns
+    ignored."""
     generator = torch.Generator().manual_seed(SEED + microbatches)
     rows = _ROWS_PER_MICROBATCH * microbatches
-    ids = torch.randint(0, VOCAB, (rows, _SEQ), generator=generator)
-    labels = torch.randint(0, VOCAB, (rows, _SEQ), generator=generator)
+    ids = torch.randint(0, vocab, (rows, _SEQ), generator=generator)
+    labels = torch.randint(0, vocab, (rows, _SEQ), generator=generator)
     if uneven:
         for m in range(1, microbatches):
             labels[m * _ROWS_PER_MICROBATCH:(m + 1) * _ROWS_PER_MICROBATCH, _SEQ - min(m, _SEQ - 1):] = target.IGNORE
@@ -114,8 +115,7 @@ def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
 
 def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
-    torch.manual_seed(SEED)
-    model = TinyPipelineLM().to(torch.float64)
+    model, vocab = target.build_model(impl, SEED)
     one = copy.deepcopy(model)
     reference = dict(one.named_parameters())
     where = BUILDING
@@ -123,7 +123,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         made, stages = target.pipeline(impl, model, _mesh(), microbatches, spec.get("schedule"))
         held = _held(stages, reference)
         first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-        ids, labels = batch(microbatches, uneven=summed)
+        ids, labels = batch(microbatches, summed, vocab)
         tokens = int((labels != target.IGNORE).sum().item())
         params = [param for *_, param in held]
         steps = [kind for kind, count in spec["steps"] for _ in range(count)]
@@ -132,6 +132,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         report: dict[str, Any] = {
             "held": [(index, name, known) for index, name, known, _ in held], "stages": [s.stage_index for s in stages],
             "microbatches": microbatches, "tokens": tokens, "loss": None, "grads": {}, "params": {},
+            "names": list(reference), "tolerance": target.tolerance(impl),
         }
         for step, kind in enumerate(steps):
             where = f"in step {step + 1} (schedule.step)"
@@ -143,7 +144,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
                 for param in params:
                     if param.grad is not None:
                         param.grad.div_(tokens)
-            want = F.cross_entropy(one(ids).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
+            want = F.cross_entropy(target.logits(one(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
             want.backward()
             if step == 0:
                 if last and losses:

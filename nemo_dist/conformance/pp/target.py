@@ -2,7 +2,8 @@
 
 The target is a function ``(model, pp_mesh, n_microbatches, loss_fn) ->
 (schedule, stages)`` (``--pp-fn``), called on every rank with the same seeded
-:class:`~nemo_dist.conformance.pp.models.TinyPipelineLM` (float64), a 1-D
+model, :class:`~nemo_dist.conformance.pp.models.TinyPipelineLM` or the
+``--pp-model`` factory's, in ``--pp-compute-dtype`` (float64), a 1-D
 ``DeviceMesh`` named ``("pp",)`` over the world, and the loss of the
 declared convention (``--pp-loss``): a microbatch's mean cross entropy
 (``mean``) or its sum over label tokens (``token_sum``). With
@@ -17,9 +18,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nemo_dist.conformance.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
 from nemo_dist.conformance.errors import OptionError
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.importing import resolve_callable
+from nemo_dist.conformance.pp.models import VOCAB, TinyPipelineLM
 
 __all__ = ["CONVENTIONS", "IGNORE", "SCHEDULES", "loss_fn", "pipeline", "schedules", "token_sum", "validate"]
 
@@ -27,6 +30,11 @@ __all__ = ["CONVENTIONS", "IGNORE", "SCHEDULES", "loss_fn", "pipeline", "schedul
 CONVENTIONS = ("mean", "token_sum")
 #: The schedule names ``--pp-schedule`` accepts (torch's, by ``get_schedule_class``'s names).
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+#: ``--pp-compute-dtype``'s values.
+DTYPES = ("float64", "float32")
+#: How far the loss and gradients of a float64 pipeline may be from one process, relative to max(1, max |expected|):
+#: the same sums in another order (the largest measured with 2 to 4 microbatches is 9e-16; a real bug about 1e-3).
+FLOAT64_TOLERANCE = 1e-12
 #: The label value the losses ignore (torch's cross entropy default).
 IGNORE = -100
 
@@ -42,6 +50,38 @@ def _mean(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def _summed(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.flatten(0, -2), target.flatten(), ignore_index=IGNORE, reduction="sum")
+
+
+def dtype(impl: Implementation) -> torch.dtype:
+    """The dtype the model is built and computed in (``--pp-compute-dtype``, float64 by default)."""
+    found: torch.dtype = getattr(torch, impl.suite_option("pp_compute_dtype") or "float64")
+    return found
+
+
+def tolerance(impl: Implementation) -> float:
+    """The loss's and gradients' tolerance: :data:`FLOAT64_TOLERANCE`, or 32 roundings of a lower dtype."""
+    found = dtype(impl)
+    return FLOAT64_TOLERANCE if found == torch.float64 else COMPUTE_ROUNDINGS * unit_roundoff(found)
+
+
+def build_model(impl: Implementation, seed: int) -> tuple[torch.nn.Module, int]:
+    """``(model, vocabulary)``: the ``--pp-model`` factory's model or the suite's, seeded, in :func:`dtype`."""
+    torch.manual_seed(seed)
+    factory = impl.suite_option("pp_model")
+    model = resolve_callable(factory)() if factory else TinyPipelineLM()
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or next(
+        (m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)), VOCAB)
+    return model.to(dtype(impl)), int(vocab)
+
+
+def logits(output: Any) -> torch.Tensor:
+    """The logits of a model's output: its ``logits`` (a Hugging Face output), a tuple's first, or itself."""
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, (tuple, list)):
+        return output[0]
+    found: torch.Tensor = output
+    return found
 
 
 def loss_fn(impl: Implementation) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -78,6 +118,13 @@ def validate(impl: Implementation) -> None:
             resolve_callable(spec, "my_project.pp:build_pipeline", "a function")
         except OptionError as exc:
             raise OptionError(f"{{opt:pp_fn}}: {exc.template}") from None
+    if impl.suite_option("pp_model") is not None:
+        try:
+            resolve_callable(impl.suite_option("pp_model"), "my_project.models:tiny_llama", "a model factory")
+        except OptionError as exc:
+            raise OptionError(f"{{opt:pp_model}}: {exc.template}") from None
+    if (name := impl.suite_option("pp_compute_dtype")) is not None and name not in DTYPES:
+        raise OptionError(f"{{opt:pp_compute_dtype}} expects one of {', '.join(DTYPES)}; got {name!r}")
     convention = impl.suite_option("pp_loss")
     if convention is not None and convention not in CONVENTIONS:
         raise OptionError(f"{{opt:pp_loss}} expects one of {', '.join(CONVENTIONS)}; got {convention!r}")
