@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from nemo_dist.conformance.registry import check
 
-__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "cause_of", "exact_factor", "pp_check"]
+__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "TIED_NOT_SUMMED", "cause_of", "exact_factor", "pp_check"]
 
 #: An exact factor's name -> the likely cause of gradients (or a loss) that many times one process's.
 FACTORS = {
@@ -38,6 +38,11 @@ DETACHED = (
     "the parameters of stage {stages} get no gradient while one process's are nonzero: the stage's output "
     "detached from the graph (or its backward skipped), so the gradient sent back to it reaches none of them, "
     "and torch raises nothing"
+)
+#: The cause of tied copies whose gradients are each one use's part (they sum to one process's).
+TIED_NOT_SUMMED = (
+    "each stage's copy of the tied {name} (stages {stages}) gets only its own use's gradient, never summed with the "
+    "other copies' (torchtitan #1409): the copies drift apart as they train"
 )
 #: The cause of parameters of the model that no stage holds.
 DROPPED = (

@@ -28,7 +28,15 @@ import torch
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.pp import ranks, target
-from nemo_dist.conformance.pp.causes import DETACHED, DROPPED, DUPLICATED, cause_of, exact_factor, pp_check
+from nemo_dist.conformance.pp.causes import (
+    DETACHED,
+    DROPPED,
+    DUPLICATED,
+    TIED_NOT_SUMMED,
+    cause_of,
+    exact_factor,
+    pp_check,
+)
 from nemo_dist.conformance.registry import WorldLike, failure, thorough
 from nemo_dist.testing import RankFailure
 
@@ -40,6 +48,7 @@ __all__ = [
     "loss_equals_one_process",
     "matrix",
     "stages_hold_every_parameter_once",
+    "tied_weights_summed_or_refused",
     "trains_like_one_process",
 ]
 
@@ -222,3 +231,50 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
                 f"{where}, rank {rank}: after {' and '.join(report['steps'])} steps the parameters differ from one "
                 "process's:\n" + "\n".join(wrong)
             )
+
+
+def _float64(values: Any) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@pp_check("pp.tied_weights_summed_or_refused", tier="extended")
+def tied_weights_summed_or_refused(world: WorldLike, impl: Implementation) -> None:
+    """A model whose head is tied to its embedding is refused on every rank while the pipeline is built, or each
+    stage's copy gets the sum of both uses' gradients and the copies train as one process's one weight."""
+    if impl.suite_option("pp_model") is not None:
+        raise NotApplicable("checked on the suite's own model, tied; --pp-model names another")
+    schedule = target.schedules(impl)[0]
+    where = _describe(schedule, world.size, world.size) + ", the head tied to the embedding"
+    steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
+    spec = {"microbatches": world.size, "schedule": schedule, "steps": steps, "tied": True}
+    found = run_reports(world, impl, spec)
+    raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]
+    if raised:
+        if len(raised) == world.size and all(r["where"] == ranks.BUILDING for _, r in raised):
+            return  # refused on every rank before any step: what a pipeline that cannot keep copies in sync does
+        errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
+        raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}")
+    tolerance = found[0]["tolerance"]
+    copies = [(rank, index, name, grad) for rank, r in enumerate(found) for index, name, grad in r["copies"]]
+    for name, want_list in found[0]["want_copies"].items():
+        want = _float64(want_list)
+        mine = [(rank, index, grad) for rank, index, known, grad in copies if known == name]
+        scale = max(1.0, want.abs().max().item())
+        off = {(rank, index): float("inf") if grad is None else (_float64(grad) - want).abs().max().item()
+               for rank, index, grad in mine}
+        wrong = {key: d for key, d in off.items() if d > tolerance * scale}
+        if not wrong:
+            continue
+        lines = ", ".join(f"stage {index} (rank {rank}) off by {d:.3g}" for (rank, index), d in wrong.items())
+        message = f"{where}: the gradient of {name}'s copies differs from one process's: {lines}"
+        total = sum((_float64(grad) for _, _, grad in mine if grad is not None), torch.zeros_like(want))
+        if len(mine) > 1 and (total - want).abs().max().item() <= tolerance * scale:
+            stages = ", ".join(dict.fromkeys(str(i) for _, i, _ in mine))
+            raise failure(message, TIED_NOT_SUMMED.format(name=name, stages=stages))
+        raise AssertionError(message)
+    for rank, report in enumerate(found):
+        allowed = max(PARAMETER_TOLERANCE, tolerance)
+        drifted = [f"{label} off by {pair[0]:.3g}" for label, pair in report["params"].items()
+                   if "copy" in label and pair is not None and not _close(pair, allowed)]
+        assert not drifted, f"{where}, rank {rank}: after the steps the tied copies differ from one process's: " + (
+            ", ".join(drifted))

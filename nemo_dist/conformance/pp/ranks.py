@@ -115,9 +115,10 @@ def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
 
 def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
-    model, vocab = target.build_model(impl, SEED)
+    model, vocab = target.build_model(impl, SEED, tied=bool(spec.get("tied")))
     one = copy.deepcopy(model)
     reference = dict(one.named_parameters())
+    tied = _tied_names(one)
     where = BUILDING
     try:
         made, stages = target.pipeline(impl, model, _mesh(), microbatches, spec.get("schedule"))
@@ -150,11 +151,14 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
                 if last and losses:
                     got = torch.stack([loss.detach() for loss in losses]).sum().item()
                     report["loss"] = (got / tokens if summed else got / len(losses), want.item())
-                report["grads"] = {_label(i, n, k): _gradient(p, reference.get(k or "")) for i, n, k, p in held}
+                report["grads"] = {_label(i, n, k, tied): _gradient(p, reference.get(k or "")) for i, n, k, p in held}
+                report["copies"] = [(i, k, None if p.grad is None else p.grad.detach().tolist())
+                                    for i, _, k, p in held if k in tied]
+                report["want_copies"] = {k: _grad_of(reference[k]).tolist() for k in tied}
             where = f"in optimizer step {step + 1} ({kind})"
             for optimizer in optimizers[kind]:
                 optimizer.step()
-        report["params"] = {_label(i, n, k): difference(p.detach(), reference[k].detach()) if k else None
+        report["params"] = {_label(i, n, k, tied): difference(p.detach(), reference[k].detach()) if k else None
                             for i, n, k, p in held}
         report["steps"] = steps
         return report
@@ -162,9 +166,25 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         raise TargetRaised(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
-def _label(index: int, name: str, known: str | None) -> str:
-    """A held parameter's name in reports: the model's name, else the stage's own name marked unknown."""
-    return known if known is not None else f"stage {index}: {name} (not a parameter of the model)"
+def _label(index: int, name: str, known: str | None, tied: frozenset[str] = frozenset()) -> str:
+    """A held parameter's name in reports: the model's name (with its stage where the model ties it: each stage
+    may hold a copy), else the stage's own name marked unknown."""
+    if known is None:
+        return f"stage {index}: {name} (not a parameter of the model)"
+    return f"{known} (stage {index}'s copy)" if known in tied else known
+
+
+def _grad_of(param: Any) -> torch.Tensor:
+    """A parameter's gradient, zeros where it has none."""
+    return param.grad.detach() if param.grad is not None else torch.zeros_like(param.detach())
+
+
+def _tied_names(model: torch.nn.Module) -> frozenset[str]:
+    """The names (as ``named_parameters()`` gives them once) of the parameters the model holds under two names."""
+    seen: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        seen.setdefault(id(param), []).append(name)
+    return frozenset(names[0] for names in seen.values() if len(names) > 1)
 
 
 def _gradient(param: Any, reference: Any) -> tuple[float, float, float, float] | None:

@@ -64,11 +64,12 @@ def tolerance(impl: Implementation) -> float:
     return FLOAT64_TOLERANCE if found == torch.float64 else COMPUTE_ROUNDINGS * unit_roundoff(found)
 
 
-def build_model(impl: Implementation, seed: int) -> tuple[torch.nn.Module, int]:
-    """``(model, vocabulary)``: the ``--pp-model`` factory's model or the suite's, seeded, in :func:`dtype`."""
+def build_model(impl: Implementation, seed: int, tied: bool = False) -> tuple[torch.nn.Module, int]:
+    """``(model, vocabulary)``: the ``--pp-model`` factory's model or the suite's (``tied``: its head tied to its
+    embedding), seeded, in :func:`dtype`."""
     torch.manual_seed(seed)
     factory = impl.suite_option("pp_model")
-    model = resolve_callable(factory)() if factory else TinyPipelineLM()
+    model = resolve_callable(factory)() if factory and not tied else TinyPipelineLM(tie=tied)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None) or next(
         (m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)), VOCAB)
     return model.to(dtype(impl)), int(vocab)
