@@ -72,6 +72,11 @@ GALLERY: dict[str, Row] = {
         HELD: "the stages hold none of layers.8: a layer dropped by the stage split", LOSS: None, GRADIENTS: None,
         TRAINS: None,
     }),
+    "boundary_layer_twice": Row(G + "boundary_layer_twice:pipeline", failing={
+        HELD: "layers.4 held by two stages: a layer at a stage boundary held (and run) twice", LOSS: None,
+        GRADIENTS: None, TRAINS: None,
+    }),
+    "final_norm_twice": Row(G + "final_norm_twice:pipeline", failing={LOSS: None, GRADIENTS: None, TRAINS: None}),
     # torchtitan's split and torch's tracer on a tied model: each stage's copy gets its own use's gradient only.
     "torchtitan_tied": Row(G + "torchtitan:pipeline", failing={TIED: _TIED}, only=frozenset({TIED})),
     "tracer_tied": Row(G + "tracer:pipeline", failing={TIED: _TIED}, only=frozenset({TIED})),

@@ -5,7 +5,8 @@
 with the layers it does not hold deleted and the parts it does not hold set
 to None, one stage per rank, a single-stage torch schedule. Its flags break
 it the ways the public bug classes do: the loss's scaling, the split's
-arithmetic, a stage's output detached.
+arithmetic, a layer at a boundary held twice, a stage's output detached, the
+final norm applied twice.
 """
 
 from __future__ import annotations
@@ -48,10 +49,16 @@ def _floor_split(layers: int, stages: int) -> list[list[int]]:
 
 
 def manual(model: nn.Module, pp_mesh: Any, n_microbatches: int, loss_fn: Loss, *, schedule: str = "1F1B",
-           scale_grads: bool = True, floor_split: bool = False, detach: bool = False) -> tuple[Any, list[Any]]:
-    """One stage per rank of ``model`` (tok_embeddings, layers, norm, output), as the module docstring says."""
+           scale_grads: bool = True, floor_split: bool = False, detach: bool = False, overlap: bool = False,
+           norm_twice: bool = False) -> tuple[Any, list[Any]]:
+    """One stage per rank of ``model`` (tok_embeddings, layers, norm, output), as the module docstring says.
+
+    ``overlap``: every stage after the first also holds (and runs) the layer before its own; ``norm_twice``:
+    the last stage applies the final norm twice."""
     rank, size = pp_mesh.get_local_rank(), pp_mesh.size()
     split = (_floor_split if floor_split else _even_split)(len(model.layers), size)[rank]
+    if overlap and rank > 0:
+        split = [split[0] - 1, *split]
     stage = copy.deepcopy(model)
     for name in list(stage.layers.keys()):
         if int(name) not in split:
@@ -61,6 +68,8 @@ def manual(model: nn.Module, pp_mesh: Any, n_microbatches: int, loss_fn: Loss, *
     if rank != size - 1:
         stage.norm = None
         stage.output = None
+    elif norm_twice:
+        stage.norm = nn.Sequential(stage.norm, stage.norm)
     module: nn.Module = Detached(stage) if detach and rank != size - 1 else stage
     built = PipelineStage(module, rank, size, torch.device("cpu"), group=pp_mesh.get_group())
     cls = ScheduleGPipe if schedule == "GPipe" else Schedule1F1B
