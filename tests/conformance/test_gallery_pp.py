@@ -77,6 +77,14 @@ GALLERY: dict[str, Row] = {
         GRADIENTS: None, TRAINS: None,
     }),
     "final_norm_twice": Row(G + "final_norm_twice:pipeline", failing={LOSS: None, GRADIENTS: None, TRAINS: None}),
+    # Training-loop steps (--pp-step) around the bundled pipeline, upstream's contract.
+    "step_upstream_loop": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:upstream_loop"}),
+    "step_never_zeroes": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:never_zeroes"},
+                             {TRAINS: None}),
+    "step_divides_by_microbatch_tokens": Row(
+        BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:divides_by_microbatch_tokens"},
+        {GRADIENTS: _M, TRAINS: None},
+    ),
     # torchtitan's split and torch's tracer on a tied model: each stage's copy gets its own use's gradient only.
     "torchtitan_tied": Row(G + "torchtitan:pipeline", failing={TIED: _TIED}, only=frozenset({TIED})),
     "tracer_tied": Row(G + "tracer:pipeline", failing={TIED: _TIED}, only=frozenset({TIED})),

@@ -21,8 +21,9 @@ __all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "TIED_NOT_SUMMED", "c
 
 #: An exact factor's name -> the likely cause of gradients (or a loss) that many times one process's.
 FACTORS = {
-    "M": "{what} {factor:g} times one process's (the microbatch count): each microbatch's mean loss summed over "
-         "the microbatches, never averaged (a schedule with scale_grads=False fed a mean loss)",
+    "M": "{what} {factor:g} times one process's (the microbatch count): each microbatch's part summed over the "
+         "microbatches where it should be averaged (a schedule with scale_grads=False fed a mean loss, or a "
+         "token-summed loss divided by one microbatch's share of the label tokens)",
     "1/M": "{what} 1/{inverse:g} of one process's (one over the microbatch count): averaged over the microbatches "
            "twice (a loss divided by the microbatch count inside a schedule that divides by it too, or "
            "scale_grads=True under a token-summed loss)",

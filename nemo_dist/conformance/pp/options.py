@@ -69,6 +69,18 @@ OPTIONS: tuple[Option, ...] = (
                        "and Adam"),),
     ),
     Option(
+        "--pp-step", metavar="MODULE:NAME",
+        help="your training loop's step, called as fn(schedule, stages, inputs, labels, losses) (inputs None "
+        "without the first stage, labels and losses None without the last): it zeroes, runs schedule.step and "
+        "scales gradients as your loop does; the suite then steps the optimizer (default: zero, step, and under "
+        "token_sum divide by the label tokens)",
+        docs=(Doc(_PP, "your training loop's step, called as `fn(schedule, stages, inputs, labels, losses)` "
+                       "(`inputs` None on a rank without the first stage, `labels` and `losses` None without the "
+                       "last): it zeroes the gradients, runs `schedule.step` and scales the gradients as your loop "
+                       "does, and the suite then takes the optimizer step (default: the suite's own: zero, step, "
+                       "and under `token_sum` divide by the batch's label tokens)"),),
+    ),
+    Option(
         "--pp-schedule", metavar="NAMES",
         help="comma-separated torch schedule names (GPipe,1F1B,Interleaved1F1B,...), each passed to {opt:pp_fn} as "
         "schedule=NAME (default: the function's own choice)",
@@ -80,7 +92,7 @@ OPTIONS: tuple[Option, ...] = (
 
 TARGET = SuiteTarget(
     component="pp",
-    fields=("pp_fn", "pp_loss", "pp_model", "pp_compute_dtype", "pp_schedule"),
+    fields=("pp_fn", "pp_loss", "pp_model", "pp_compute_dtype", "pp_step", "pp_schedule"),
     reference=_BUNDLED,
     presets={"nemo_dist": _BUNDLED},
     label_fields=("pp_fn",),

@@ -10,7 +10,8 @@ at once: after the first, the reported loss and every held gradient are
 compared with one process's; after an SGD and an Adam step, every held
 parameter. Under ``--pp-loss token_sum`` the suite divides the gradients by
 the batch's label tokens after each step (upstream's training loop), and
-the microbatches hold uneven label tokens. Results are cached per spec: the
+the microbatches hold uneven label tokens; ``--pp-step`` replaces that step
+(zeroing and scaling included) with the training loop's own. Results are cached per spec: the
 checks share one run.
 """
 
@@ -123,7 +124,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     try:
         made, stages = target.pipeline(impl, model, _mesh(), microbatches, spec.get("schedule"))
         held = _held(stages, reference)
-        first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+        last = any(s.is_last for s in stages)
         ids, labels = batch(microbatches, summed, vocab)
         tokens = int((labels != target.IGNORE).sum().item())
         params = [param for *_, param in held]
@@ -137,14 +138,10 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         }
         for step, kind in enumerate(steps):
             where = f"in step {step + 1} (schedule.step)"
-            for param in [*params, *reference.values()]:
+            for param in reference.values():
                 param.grad = None
             losses: list[torch.Tensor] = []
-            made.step(*((ids,) if first else ()), target=labels if last else None, losses=losses if last else None)
-            if summed:
-                for param in params:
-                    if param.grad is not None:
-                        param.grad.div_(tokens)
+            target.train_step(impl, made, stages, ids, labels, losses)
             want = F.cross_entropy(target.logits(one(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
             want.backward()
             if step == 0:

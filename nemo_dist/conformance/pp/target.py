@@ -110,6 +110,27 @@ def pipeline(impl: Implementation, model: torch.nn.Module, mesh: Any, microbatch
     return made, stages
 
 
+def train_step(impl: Implementation, made: Any, stages: list[Any], ids: torch.Tensor, labels: torch.Tensor,
+               losses: list[torch.Tensor]) -> None:
+    """One step's forward and backward on the whole batch (every rank holds it): ``--pp-step``'s function, else
+    the suite's: gradients zeroed, the schedule's step (inputs where the rank holds the first stage, labels and
+    ``losses`` where it holds the last), and under ``token_sum`` every gradient divided by the label tokens."""
+    declared = impl.suite_option("pp_step")
+    if declared is not None:
+        resolve_callable(declared)(made, stages, ids, labels, losses)
+        return
+    params = [p for stage in stages for p in stage.submod.parameters()]
+    for param in params:
+        param.grad = None
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    made.step(*((ids,) if first else ()), target=labels if last else None, losses=losses if last else None)
+    if token_sum(impl):
+        tokens = int((labels != IGNORE).sum().item())
+        for param in params:
+            if param.grad is not None:
+                param.grad.div_(tokens)
+
+
 def validate(impl: Implementation) -> None:
     """Import ``--pp-fn``, check ``--pp-loss`` and ``--pp-schedule``'s names (in the parent, before any world starts);
     ``OptionError`` naming the option."""
@@ -119,6 +140,11 @@ def validate(impl: Implementation) -> None:
             resolve_callable(spec, "my_project.pp:build_pipeline", "a function")
         except OptionError as exc:
             raise OptionError(f"{{opt:pp_fn}}: {exc.template}") from None
+    if impl.suite_option("pp_step") is not None:
+        try:
+            resolve_callable(impl.suite_option("pp_step"), "my_project.train:pp_step", "a function")
+        except OptionError as exc:
+            raise OptionError(f"{{opt:pp_step}}: {exc.template}") from None
     if impl.suite_option("pp_model") is not None:
         try:
             resolve_callable(impl.suite_option("pp_model"), "my_project.models:tiny_llama", "a model factory")
