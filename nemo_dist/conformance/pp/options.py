@@ -70,15 +70,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--pp-step", metavar="MODULE:NAME",
-        help="your training loop's step, called as fn(schedule, stages, inputs, labels, losses) (inputs None "
-        "without the first stage, labels and losses None without the last): it zeroes, runs schedule.step and "
-        "scales gradients as your loop does; the suite then steps the optimizer (default: zero, step, and under "
-        "token_sum divide by the label tokens)",
-        docs=(Doc(_PP, "your training loop's step, called as `fn(schedule, stages, inputs, labels, losses)` "
-                       "(`inputs` None on a rank without the first stage, `labels` and `losses` None without the "
-                       "last): it zeroes the gradients, runs `schedule.step` and scales the gradients as your loop "
-                       "does, and the suite then takes the optimizer step (default: the suite's own: zero, step, "
-                       "and under `token_sum` divide by the batch's label tokens)"),),
+        help="your training loop's step, called on every rank with the whole batch as fn(schedule, stages, "
+        "inputs, labels, losses): it zeroes, runs schedule.step and scales gradients as your loop does; the suite "
+        "then steps the optimizer (default: zero, step, and under token_sum divide by the label tokens)",
+        docs=(Doc(_PP, "your training loop's step, called on every rank with the whole batch as `fn(schedule, "
+                       "stages, inputs, labels, losses)`: it zeroes the gradients, runs `schedule.step` and scales "
+                       "the gradients as your loop does, and the suite then takes the optimizer step (default: the "
+                       "suite's own: zero, step, and under `token_sum` divide by the batch's label tokens)"),),
     ),
     Option(
         "--pp-schedule", metavar="NAMES",
