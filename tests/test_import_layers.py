@@ -221,7 +221,7 @@ CONFORMANCE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("options resolved", ("target",)),
     ("running", ("deadlines", "registry", "verdicts", "lanes", "report", "junit", "json_report", "runner",
                  "inworld")),
-    ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2", "tp", "a2a", "moe")),
+    ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2", "tp", "a2a", "moe", "pp")),
     ("the package", ("",)),
     ("front ends", ("arguments", "option_docs", "cli", "__main__", "pytest_plugin", "pytest_suite", "rank_preload")),
 )

@@ -21,6 +21,7 @@ PUBLIC_MODULES = [
     "nemo_dist.distributed.fsdp2_config",
     "nemo_dist.distributed.mesh",
     "nemo_dist.distributed.fsdp2",
+    "nemo_dist.distributed.pipeline_parallel",
     "nemo_dist.testing",
     "nemo_dist.conformance",
 ]

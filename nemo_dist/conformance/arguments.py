@@ -43,9 +43,9 @@ class UsageError(Exception):
 _DESCRIPTION = (
     "Check, by behaviour against one process, that distributed training code keeps its contract: an all-gather "
     "(--gather, --gather-fn), DDP (--ddp), its config (--config), FSDP2 (--fsdp2), any data-parallel wrapper "
-    "(--ddp-fn), a tensor-parallel plan (--tp, --tp-plan), an autograd all-to-all (--a2a, --a2a-fn) and expert "
-    "parallelism (--moe-fn). Naming some checks only those components (the bundled modules serve the others); "
-    "--preset names them all; naming none checks the bundled nemo_dist modules."
+    "(--ddp-fn), a tensor-parallel plan (--tp, --tp-plan), an autograd all-to-all (--a2a, --a2a-fn), "
+    "expert parallelism (--moe-fn) and a pipeline (--pp-fn). Naming some checks only those components (the "
+    "bundled modules serve the others); --preset names them all; naming none checks the bundled nemo_dist modules."
 )
 _EPILOG = (
     "Exit status: 0 conforms, 1 a check failed, 2 usage error. Under torchrun (torchrun --nproc-per-node N -m "

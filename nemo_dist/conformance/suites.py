@@ -46,6 +46,7 @@ SUITE_PACKAGES: tuple[str, ...] = (
     "nemo_dist.conformance.tp",
     "nemo_dist.conformance.a2a",
     "nemo_dist.conformance.moe",
+    "nemo_dist.conformance.pp",
 )
 
 

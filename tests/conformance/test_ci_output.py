@@ -190,9 +190,9 @@ def test_help_groups_options_by_suite_and_names_every_suite(capsys: pytest.Captu
         main(["--help"])
     text = capsys.readouterr().out
     titles = ["what is checked: gather, ddp, config, fsdp2 and data-parallel wrappers:", "the tp suite:",
-              "the a2a suite:", "the moe suite:", "how the run runs:"]
+              "the a2a suite:", "the moe suite:", "the pp suite:", "how the run runs:"]
     assert [t for t in titles if t in text] == titles
     assert [text.index(t) for t in titles] == sorted(text.index(t) for t in titles)
     description = " ".join(text.split("options:")[0].split())
-    for option in ("--gather", "--ddp", "--fsdp2", "--ddp-fn", "--tp", "--a2a", "--moe-fn"):
+    for option in ("--gather", "--ddp", "--fsdp2", "--ddp-fn", "--tp", "--a2a", "--moe-fn", "--pp-fn"):
         assert f"({option}" in description or f" {option}" in description

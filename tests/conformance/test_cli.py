@@ -163,6 +163,17 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
          "--moe-aux-reduction applies under --moe-mesh edp,ep or edp,ep,tp"),
         (["--moe-fn", "tests.forks.gallery_moe_composed:apply_ep", "--moe-mesh", "edp,ep", "--moe-aux-reduction",
           "avg"], "--moe-aux-reduction expects one of sum, mean"),
+        (["--pp-fn", "tests.forks.no_such_fork:pipeline"], "--pp-fn: module 'tests.forks.no_such_fork' does not"),
+        (["--pp-fn", "tests.forks.gallery_pp_torchtitan:pipeline", "--pp-schedule", "1F1B,PipeDream"],
+         "--pp-schedule: unknown schedule 'PipeDream'; expected some of GPipe,1F1B,Interleaved1F1B"),
+        (["--pp-fn", "tests.forks.gallery_pp_torchtitan:pipeline", "--pp-loss", "sum"],
+         "--pp-loss expects one of mean, token_sum; got 'sum'"),
+        (["--pp-fn", "tests.forks.gallery_pp_torchtitan:pipeline", "--pp-compute-dtype", "bfloat16"],
+         "--pp-compute-dtype expects one of float64, float32; got 'bfloat16'"),
+        (["--pp-fn", "tests.forks.gallery_pp_torchtitan:pipeline", "--pp-model", "tests.forks.no_such_fork:m"],
+         "--pp-model: module 'tests.forks.no_such_fork' does not"),
+        (["--pp-fn", "tests.forks.gallery_pp_torchtitan:pipeline", "--pp-step", "tests.forks.gallery_pp_steps:nope"],
+         "--pp-step: 'tests.forks.gallery_pp_steps' has no 'nope'"),
     ],
     ids=["ddp-lacks-entry-points", "gather-lacks-functions", "gather-fn-unimportable", "gather-fn-missing-name",
          "gather-fn-no-colon", "gather-and-gather-fn", "no-grad-fn-alone", "gather-form", "unknown-preset",
@@ -170,7 +181,8 @@ def test_unimportable_module_is_a_usage_error_naming_it() -> None:
          "check-unknown", "check-entry-point", "hypothesis-db-empty", "hypothesis-db-a-file",
          "hypothesis-db-under-a-file", "moe-compute-dtype", "moe-fn-unimportable", "a2a-kwarg-alone",
          "moe-reduction-without-composition", "moe-loss-scale", "moe-mesh", "moe-aux-reduction-without-composition",
-         "moe-aux-reduction"],
+         "moe-aux-reduction", "pp-fn-unimportable", "pp-schedule", "pp-loss", "pp-compute-dtype",
+         "pp-model-unimportable", "pp-step-missing"],
 )
 def test_usage_errors_exit_two_saying_what_and_how(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

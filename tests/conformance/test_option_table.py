@@ -150,13 +150,16 @@ def test_choices_and_defaults_repeat_the_engine_constants() -> None:
     from nemo_dist.conformance.deadlines import FLOOR_S
     from nemo_dist.conformance.moe.target import AUX_REDUCTIONS, MESHES
     from nemo_dist.conformance.moe.target import REDUCTIONS as MOE_REDUCTIONS
+    from nemo_dist.conformance.pp.target import CONVENTIONS
+    from nemo_dist.conformance.pp.target import DTYPES as PP_DTYPES
     from nemo_dist.conformance.target import GATHER_FORMS
     from nemo_dist.conformance.wrapping import BUFFERS, DTYPES, REDUCTIONS, STARTS
 
     engine = {"gather_form": GATHER_FORMS, "tier": TIERS, "preset": tuple(PRESETS), "ddp_reduction": REDUCTIONS,
               "ddp_buffers": BUFFERS, "ddp_start": STARTS, "backend": ("gloo", "nccl"),
               "ddp_compute_dtype": DTYPES, "ddp_reduce_dtype": DTYPES, "moe_compute_dtype": DTYPES,
-              "moe_mesh": MESHES, "moe_reduction": MOE_REDUCTIONS, "moe_aux_reduction": AUX_REDUCTIONS}
+              "moe_mesh": MESHES, "moe_reduction": MOE_REDUCTIONS, "moe_aux_reduction": AUX_REDUCTIONS,
+              "pp_loss": CONVENTIONS, "pp_compute_dtype": PP_DTYPES}
     assert {o.dest: o.choices for o in options.OPTIONS if o.choices} == engine
     for field, choices in engine.items():
         text = f"{options.option(field).metavar} {options.option(field).help}"
@@ -205,7 +208,7 @@ def test_the_command_reproduce_line_repeats_the_marked_options_in_table_order() 
         "--config 3 --fsdp2 3 --fsdp2-sync-ctx 3 --preset 3 --tp 3 --tp-plan 3 --tp-model 3 --tp-arch 3 --tp-input 3 "
         "--tp-after-backward 3 --a2a 3 --a2a-fn 3 --a2a-kwarg a=1 --a2a-kwarg b=2 --moe-fn 3 --moe-layer 3 "
         "--moe-compute-dtype 3 --moe-mesh 3 --moe-reduction 3 --moe-loss-scale 3 --moe-aux-reduction 3 "
-        "--moe-after-backward 3 "
+        "--moe-after-backward 3 --pp-fn 3 --pp-loss 3 --pp-model 3 --pp-compute-dtype 3 --pp-step 3 --pp-schedule 3 "
         "--backend 3 --tier 3 --max-examples 3 --strict --timeout 3 --min-deadline 3 "
         "--hypothesis-db 3"
     )
@@ -240,7 +243,8 @@ def test_the_pytest_reproduce_line_repeats_the_marked_options_in_table_order(pyt
         "--conformance-a2a-kwarg a=1 --conformance-a2a-kwarg b=2 --conformance-moe-fn 3 --conformance-moe-layer 3 "
         "--conformance-moe-compute-dtype 3 --conformance-moe-mesh 3 --conformance-moe-reduction 3 "
         "--conformance-moe-loss-scale 3 --conformance-moe-aux-reduction 3 --conformance-moe-after-backward 3 "
-        "--conformance-backend 3 "
+        "--conformance-pp-fn 3 --conformance-pp-loss 3 --conformance-pp-model 3 --conformance-pp-compute-dtype 3 "
+        "--conformance-pp-step 3 --conformance-pp-schedule 3 --conformance-backend 3 "
         "--conformance-tier 3 --conformance-max-examples 3 --conformance-min-deadline 3 "
         "--conformance-hypothesis-db 3 --dist-world-sizes 2 --hypothesis-seed=7"
     )

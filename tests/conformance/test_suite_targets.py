@@ -72,3 +72,14 @@ def test_naming_a_suite_by_its_other_fields_checks_the_reference_subject() -> No
     assert components == ("demo",)
     assert impl.suite_option("demo") == "nemo_dist.distributed.config"
     assert impl.suite_option("demo_names") == ("a",)
+
+
+def test_every_suite_validates_an_implementation_that_names_none_of_its_options() -> None:
+    """Validating every component (the default) of an implementation naming no suite option raises nothing: a
+    suite's validation judges only what its options name (the pp suite's once refused every run that named no
+    pipeline, ddp galleries included)."""
+    from nemo_dist.conformance.implementation import Implementation
+    from nemo_dist.conformance.suites import suite_targets
+
+    assert [t.component for t in suite_targets() if t.validate], "no suite declares a validation"
+    target.validate_implementation(Implementation())

@@ -1,0 +1,194 @@
+"""Rank side of the pp suite: build the target's pipeline, step it next to one process, report.
+
+Every rank builds the same seeded model (the suite's or ``--pp-model``'s, in
+``--pp-compute-dtype``) and keeps a copy for one process. :func:`run` hands
+the model to the target (:mod:`.target`), finds
+which of the model's parameters each of this rank's stages holds (by name
+where the values match, else by value: a split that renames is still read),
+and runs the schedule's steps on the batch, the copy taking the whole batch
+at once: after the first, the reported loss and every held gradient are
+compared with one process's; after an SGD and an Adam step, every held
+parameter. Under ``--pp-loss token_sum`` the suite divides the gradients by
+the batch's label tokens after each step (upstream's training loop), and
+the microbatches hold uneven label tokens; ``--pp-step`` replaces that step
+(zeroing and scaling included) with the training loop's own. Results are cached per spec: the
+checks share one run.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.pp import target
+
+__all__ = ["BUILDING", "SEED", "TargetRaised", "batch", "difference", "run"]
+
+SEED = 23
+_SEQ = 6
+_ROWS_PER_MICROBATCH = 2
+#: Where a target that raised did so while building its pipeline (a refusal, when every rank raised there).
+BUILDING = "building the pipeline"
+_RUNS: dict[Any, dict[str, Any] | TargetRaised] = {}
+_MESHES: dict[Any, Any] = {}
+
+
+class TargetRaised(Exception):
+    """The target raised on this rank: ``"WHERE: Type: message"``, the target's exception chained. Raised, not
+    returned, so that ranks it left waiting are reported stuck beside it, never as a hang of their own."""
+
+
+def batch(microbatches: int, uneven: bool, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and labels below ``vocab``, 2 rows a microbatch; ``uneven``: microbatch m's last m label columns
+    ignored."""
+    generator = torch.Generator().manual_seed(SEED + microbatches)
+    rows = _ROWS_PER_MICROBATCH * microbatches
+    ids = torch.randint(0, vocab, (rows, _SEQ), generator=generator)
+    labels = torch.randint(0, vocab, (rows, _SEQ), generator=generator)
+    if uneven:
+        for m in range(1, microbatches):
+            labels[m * _ROWS_PER_MICROBATCH:(m + 1) * _ROWS_PER_MICROBATCH, _SEQ - min(m, _SEQ - 1):] = target.IGNORE
+    return ids, labels
+
+
+def difference(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, float, float]:
+    """``(max |got - want|, max(1, max |want|), ratio, residual)``: ``ratio`` got's least-squares multiple of want,
+    ``residual`` how far got is from that multiple (relative to its scale). Shapes that differ: inf."""
+    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+    if got.shape != want.shape:
+        return float("inf"), scale, float("nan"), float("inf")
+    norm = (want * want).sum().item()
+    ratio = (got * want).sum().item() / norm if norm else float("nan")
+    residual = ((got - ratio * want).abs().max().item() / max(1.0, abs(ratio) * scale)) if norm else float("inf")
+    return ((got - want).abs().max().item() if got.numel() else 0.0), scale, ratio, residual
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha1(tensor.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+def _mesh() -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (dist.get_world_size(), id(dist.group.WORLD))
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("pp",))
+    return _MESHES[key]
+
+
+def _held(stages: list[Any], reference: dict[str, torch.nn.Parameter]) -> list[tuple[int, str, str | None, Any]]:
+    """``(stage index, name in the stage, the model's name or None, parameter)`` of every parameter held."""
+    by_value = {_digest(p): name for name, p in reference.items()}
+    found = []
+    for stage in stages:
+        for name, param in stage.submod.named_parameters():
+            same = name in reference and reference[name].shape == param.shape and torch.equal(
+                reference[name].detach(), param.detach())
+            found.append((int(stage.stage_index), name, name if same else by_value.get(_digest(param)), param))
+    return found
+
+
+def _optimizer(kind: str, params: list[Any]) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1)
+    return torch.optim.Adam(params, lr=0.01, foreach=False)
+
+
+def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
+    """Build and step as ``spec`` says (microbatches, schedule, steps); the report described above, cached."""
+    key = (impl, tuple(sorted((k, str(v)) for k, v in spec.items())))
+    if key not in _RUNS:
+        try:
+            _RUNS[key] = _run(impl, spec)
+        except TargetRaised as exc:
+            _RUNS[key] = exc
+    found = _RUNS[key]
+    if isinstance(found, TargetRaised):
+        raise found
+    return found
+
+
+def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
+    microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
+    model, vocab = target.build_model(impl, SEED, tied=bool(spec.get("tied")))
+    one = copy.deepcopy(model)
+    reference = dict(one.named_parameters())
+    tied = _tied_names(one)
+    where = BUILDING
+    try:
+        made, stages = target.pipeline(impl, model, _mesh(), microbatches, spec.get("schedule"))
+        held = _held(stages, reference)
+        last = any(s.is_last for s in stages)
+        ids, labels = batch(microbatches, summed, vocab)
+        tokens = int((labels != target.IGNORE).sum().item())
+        params = [param for *_, param in held]
+        steps = [kind for kind, count in spec["steps"] for _ in range(count)]
+        optimizers = {kind: (_optimizer(kind, params), _optimizer(kind, list(reference.values())))
+                      for kind in set(steps)}
+        report: dict[str, Any] = {
+            "held": [(index, name, known) for index, name, known, _ in held], "stages": [s.stage_index for s in stages],
+            "microbatches": microbatches, "tokens": tokens, "loss": None, "grads": {}, "params": {},
+            "names": list(reference), "tolerance": target.tolerance(impl),
+        }
+        for step, kind in enumerate(steps):
+            where = f"in step {step + 1} (schedule.step)"
+            for param in reference.values():
+                param.grad = None
+            losses: list[torch.Tensor] = []
+            target.train_step(impl, made, stages, ids, labels, losses)
+            want = F.cross_entropy(target.logits(one(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
+            want.backward()
+            if step == 0:
+                if last and losses:
+                    got = torch.stack([loss.detach() for loss in losses]).sum().item()
+                    report["loss"] = (got / tokens if summed else got / len(losses), want.item())
+                report["grads"] = {_label(i, n, k, tied): _gradient(p, reference.get(k or "")) for i, n, k, p in held}
+                report["copies"] = [(i, k, None if p.grad is None else p.grad.detach().tolist())
+                                    for i, _, k, p in held if k in tied]
+                report["want_copies"] = {k: _grad_of(reference[k]).tolist() for k in tied}
+            where = f"in optimizer step {step + 1} ({kind})"
+            for optimizer in optimizers[kind]:
+                optimizer.step()
+        report["params"] = {_label(i, n, k, tied): difference(p.detach(), reference[k].detach()) if k else None
+                            for i, n, k, p in held}
+        report["steps"] = steps
+        return report
+    except Exception as exc:  # the parent judges a raising target (checks.run_reports)
+        raise TargetRaised(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _label(index: int, name: str, known: str | None, tied: frozenset[str] = frozenset()) -> str:
+    """A held parameter's name in reports: the model's name (with its stage where the model ties it: each stage
+    may hold a copy), else the stage's own name marked unknown."""
+    if known is None:
+        return f"stage {index}: {name} (not a parameter of the model)"
+    return f"{known} (stage {index}'s copy)" if known in tied else known
+
+
+def _grad_of(param: Any) -> torch.Tensor:
+    """A parameter's gradient, zeros where it has none."""
+    return param.grad.detach() if param.grad is not None else torch.zeros_like(param.detach())
+
+
+def _tied_names(model: torch.nn.Module) -> frozenset[str]:
+    """The names (as ``named_parameters()`` gives them once) of the parameters the model holds under two names."""
+    seen: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        seen.setdefault(id(param), []).append(name)
+    return frozenset(names[0] for names in seen.values() if len(names) > 1)
+
+
+def _gradient(param: Any, reference: Any) -> tuple[float, float, float, float] | None:
+    """:func:`difference` of the gradients; None where the parameter got none and one process's is nonzero."""
+    if reference is None:
+        return None
+    want = reference.grad if reference.grad is not None else torch.zeros_like(reference)
+    if param.grad is None:
+        return None if bool(want.any()) else (0.0, 1.0, 1.0, 0.0)
+    return difference(param.grad.detach(), want.detach())

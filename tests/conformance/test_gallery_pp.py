@@ -1,0 +1,197 @@
+"""Layer 2: gloo worlds of 2 ranks. The gallery of pipelines (``tests/forks/gallery_pp_*``).
+
+Each row re-expresses one public pattern (its docstring names it;
+``docs/pp.md`` has the table) and runs as ``nemo-dist-conformance --pp-fn
+...`` runs it, every pp check, in a world of 2 (the whole matrix: 1, 2 and 4
+microbatches). A correct row conforms; a broken one fails exactly the checks
+it lists, each naming the row's cause where the numbers prove one and
+naming none where they do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.report import format_report
+from nemo_dist.conformance.target import resolve_implementation, validate_implementation
+from nemo_dist.testing.plugin import WorldFactory
+from tests import targets
+
+G = "tests.forks.gallery_pp_"
+BUNDLED = "nemo_dist.distributed.pipeline_parallel:build_pipeline"
+HELD, LOSS = "pp.stages_hold_every_parameter_once", "pp.loss_equals_one_process"
+GRADIENTS, TRAINS = "pp.gradients_equal_one_process", "pp.trains_like_one_process"
+TIED = "pp.tied_weights_summed_or_refused"
+#: The core checks: what a row runs unless it says otherwise.
+CORE = frozenset({HELD, LOSS, GRADIENTS, TRAINS})
+#: Every pp check.
+EVERY = CORE | {TIED}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A pipeline function (``MODULE:NAME``), its pp options, and per failing check the start of the cause it must
+    name (None: it must name none, saying only what differs)."""
+
+    fn: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    failing: Mapping[str, str | None] = field(default_factory=dict)
+    #: Test targets the row imports (skipped without them, failed under ``--require-targets``).
+    needs: tuple[str, ...] = ()
+    #: The checks the row runs (default: the core ones): a row whose pipeline raises shows it in any one.
+    only: frozenset[str] = CORE
+    #: Text every failure of the row shows (the pipeline's own error: where the other ranks were still busy when one
+    #: raised, the harness's report of it).
+    shows: str = ""
+
+
+_M = "gradients 2 times one process's (the microbatch count)"
+_TIED = "each stage's copy of the tied tok_embeddings.weight (stages 0, 1) gets only its own use's gradient"
+#: Row id -> row: correct pipelines, then broken ones.
+GALLERY: dict[str, Row] = {
+    "bundled": Row(BUNDLED, {"pp_loss": "token_sum", "pp_schedule": "GPipe,1F1B,Interleaved1F1B"}, only=EVERY),
+    "tied_synced": Row(G + "tied_synced:pipeline", only=EVERY),
+    "torchtitan": Row(G + "torchtitan:pipeline"),
+    "tracer": Row(G + "tracer:pipeline"),
+    # The bundled pipeline (scale_grads=False, upstream's) run under torch's convention: a mean loss never averaged.
+    "bundled_declared_mean": Row(BUNDLED, {"pp_schedule": "1F1B"}, {GRADIENTS: _M, TRAINS: None}),
+    "loss_not_averaged": Row(G + "loss_not_averaged:pipeline", failing={GRADIENTS: _M, TRAINS: None}),
+    "averaged_twice": Row(G + "averaged_twice:pipeline", failing={
+        LOSS: "the loss is 1/2 of one process's (one over the microbatch count)",
+        GRADIENTS: "gradients 1/2 of one process's (one over the microbatch count)", TRAINS: None,
+    }),
+    "summed_unnormalised": Row(G + "summed_unnormalised:pipeline", failing={
+        LOSS: "the loss is 12 times one process's (a microbatch's label tokens)",
+        GRADIENTS: "gradients 24 times one process's (the batch's label tokens)", TRAINS: None,
+    }),
+    "floor_split": Row(G + "floor_split:pipeline", failing={
+        HELD: "the stages hold none of layers.8: a layer dropped by the stage split", LOSS: None, GRADIENTS: None,
+        TRAINS: None,
+    }),
+    "boundary_layer_twice": Row(G + "boundary_layer_twice:pipeline", failing={
+        HELD: "layers.4 held by two stages: a layer at a stage boundary held (and run) twice", LOSS: None,
+        GRADIENTS: None, TRAINS: None,
+    }),
+    "final_norm_twice": Row(G + "final_norm_twice:pipeline", failing={LOSS: None, GRADIENTS: None, TRAINS: None}),
+    # Training-loop steps (--pp-step) around the bundled pipeline, upstream's contract.
+    "step_upstream_loop": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:upstream_loop"}),
+    "step_never_zeroes": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:never_zeroes"},
+                             {TRAINS: None}),
+    "step_divides_by_microbatch_tokens": Row(
+        BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:divides_by_microbatch_tokens"},
+        {GRADIENTS: _M, TRAINS: None},
+    ),
+    # torchtitan's split and torch's tracer on a tied model: each stage's copy gets its own use's gradient only.
+    "torchtitan_tied": Row(G + "torchtitan:pipeline", failing={TIED: _TIED}, only=frozenset({TIED})),
+    "tracer_tied": Row(G + "tracer:pipeline", failing={TIED: _TIED}, only=frozenset({TIED})),
+    "detached_output": Row(G + "detached_output:pipeline", failing={
+        GRADIENTS: "the parameters of stage 0 get no gradient while one process's are nonzero", TRAINS: None,
+    }),
+}
+
+_UPSTREAM = ("transformers", "nemo_automodel.components.distributed.pipelining")
+_AUTO = G + "autopipeline:"
+#: Upstream's AutoPipeline (nemo-automodel 0.7.0) on a tiny transformers Llama: it conforms in float32; in float64
+#: a later stage refuses the hidden state it receives (rank 1 raises in the step, rank 0 waits); it refuses a tied
+#: model on every rank. Each shown as what it is: no likely cause.
+GALLERY.update({
+    "autopipeline": Row(_AUTO + "pipeline", {"pp_model": _AUTO + "llama", "pp_compute_dtype": "float32",
+                                             "pp_loss": "token_sum"}, needs=_UPSTREAM),
+    "autopipeline_float64": Row(
+        _AUTO + "pipeline", {"pp_model": _AUTO + "llama", "pp_loss": "token_sum"}, {HELD: None}, _UPSTREAM,
+        frozenset({HELD}), "ValueError: inputs_embeds must be provided for pipeline stages without embed_tokens",
+    ),
+    "autopipeline_tied": Row(
+        _AUTO + "pipeline", {"pp_model": _AUTO + "tied_llama", "pp_compute_dtype": "float32", "pp_loss": "token_sum"},
+        {HELD: None}, _UPSTREAM, frozenset({HELD}),
+        "building the pipeline: ValueError: Model 'Unknown' is not compatible with pipeline parallelism",
+    ),
+})
+
+_REPORTS: dict[str, tuple[Report, str]] = {}
+
+
+def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
+    """Row ``name``'s one report in this process: every pp check in a world of 2."""
+    if name not in _REPORTS:
+        row = GALLERY[name]
+        for target in row.needs:
+            targets.import_target(target)
+        impl, components = resolve_implementation(suite_options={"pp_fn": row.fn, **row.options})
+        validate_implementation(impl, components)
+        checks = [c for c in select_checks(load_checks().values(), impl, "all", None, components)
+                  if c.name in row.only]
+        report = run_checks(checks, impl, (2,), worlds=world_factory, components=components, min_deadline=2.0)
+        _REPORTS[name] = (report, format_report(report))
+    return _REPORTS[name]
+
+
+#: Rows the gate leaves to ``--thorough``: the float64 AutoPipeline leaves rank 0 stuck, and the world restarts.
+THOROUGH = frozenset({"autopipeline_float64"})
+
+
+def _params(names: list[str]) -> list[object]:
+    return [pytest.param(n, id=n, marks=[pytest.mark.xdist_group(name="pp_gallery"),
+                                         *([pytest.mark.thorough] if n in THOROUGH else [])]) for n in names]
+
+
+@pytest.mark.parametrize("name", _params([n for n, row in GALLERY.items() if not row.failing]))
+def test_correct_pipeline_conforms_on_every_pp_check(name: str, world_factory: WorldFactory) -> None:
+    """A correct pipeline passes every pp check it runs in a world of 2, whatever its style."""
+    report, table = _report(name, world_factory)
+    assert report.exit_code() == 0, table
+    assert {v.check for v in report.verdicts if v.outcome == "pass"} == GALLERY[name].only, table
+
+
+@pytest.mark.parametrize("name", _params([n for n, row in GALLERY.items() if row.failing]))
+def test_broken_pipeline_fails_its_checks_each_naming_its_cause(name: str, world_factory: WorldFactory) -> None:
+    """A broken row fails exactly the checks it lists, none hanging; each names the row's cause, or none."""
+    row = GALLERY[name]
+    report, table = _report(name, world_factory)
+    failed = {v.check: v for v in report.verdicts if v.failed}
+    assert set(failed) == set(row.failing), table
+    assert not [v for v in report.verdicts if v.outcome == "hang"], table
+    for check, cause in row.failing.items():
+        found = failed[check].cause or ""
+        assert found.startswith(cause) if cause else not found, (check, table)
+        assert row.shows in failed[check].message, (check, table)
+
+
+@pytest.mark.xdist_group(name="pp_gallery")
+def test_a_pipeline_raising_on_one_rank_shows_its_exception_never_a_hang(world_factory: WorldFactory) -> None:
+    """Rank 1 raises while building, rank 0 waits for it in the schedule's first send: the check FAILs with rank
+    1's exception, not a HANG."""
+    impl, components = resolve_implementation(suite_options={"pp_fn": G + "raises_on_one_rank:pipeline"})
+    checks = [c for c in select_checks(load_checks().values(), impl, "all", None, components) if c.name == HELD]
+    report = run_checks(checks, impl, (2,), worlds=world_factory, components=components, min_deadline=2.0)
+    table = format_report(report)
+    assert [v.outcome for v in report.verdicts] == ["fail"], table
+    assert "rank 1 raised" in report.verdicts[0].message, table
+    assert "RuntimeError: this pipeline breaks on rank 1" in report.verdicts[0].message, table
+
+
+#: Every schedule torch 2.13 has, as ``--pp-schedule`` names them.
+EVERY_SCHEDULE = "GPipe,1F1B,Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV"
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("size", [pytest.param(s, id=f"pp{s}", marks=pytest.mark.xdist_group(name="pp_gallery"))
+                                  for s in (2, 4)])
+def test_the_bundled_pipeline_conforms_under_every_schedule_and_microbatch_count(
+    size: int, world_factory: WorldFactory
+) -> None:
+    """The exhaustive matrix: the bundled pipeline under each of torch's seven schedules (two stages a rank, in a
+    V for ZBVZeroBubble and DualPipeV, where not one) with 1, 2 and 4 microbatches, at pp 2 and pp 4 (the counts
+    a schedule refuses on every rank skipped), passes every pp check."""
+    options = {"pp_fn": BUNDLED, "pp_loss": "token_sum", "pp_schedule": EVERY_SCHEDULE}
+    impl, components = resolve_implementation(suite_options=options)
+    validate_implementation(impl, components)
+    checks = select_checks(load_checks().values(), impl, "all", None, components)
+    report = run_checks(checks, impl, (size,), worlds=world_factory, components=components)
+    table = format_report(report)
+    assert report.exit_code() == 0, table
+    assert {v.check for v in report.verdicts if v.outcome == "pass"} == EVERY, table

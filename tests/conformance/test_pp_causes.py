@@ -1,0 +1,48 @@
+"""Layer 0 (no process group): the pp suite names a scaling cause only where a factor is exact.
+
+What the checks do in worlds is proven by ``test_gallery_pp.py``; here only
+the rule that turns the ranks' ``(ratio, residual)`` pairs into a cause: every
+wrong tensor exactly one factor (ratio within 1e-9, nothing left over), never
+a near miss, never a factor of 1, and float32's looser rounding where the
+run declares it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_dist.conformance.pp.causes import cause_of, exact_factor
+
+SIZES = {"M": 4.0, "1/M": 0.25, "tokens": 48.0, "tokens/M": 12.0}
+
+
+@pytest.mark.parametrize(("ratio", "name"), [(4.0, "M"), (0.25, "1/M"), (48.0, "tokens"), (12.0, "tokens/M")])
+def test_every_tensor_exactly_one_factor_names_it(ratio: float, name: str) -> None:
+    assert exact_factor([(ratio, 0.0), (ratio * (1 + 1e-12), 1e-13)], SIZES) == name
+
+
+@pytest.mark.parametrize("pairs", [
+    [(4.0, 0.0), (2.0, 0.0)],  # two tensors, two factors
+    [(4.0 * (1 + 1e-6), 0.0)],  # a near miss
+    [(4.0, 1e-3)],  # the right multiple on average, but not everywhere
+    [(1.03, 0.0)],  # a real bug's few percent
+    [],
+])
+def test_anything_short_of_an_exact_factor_names_none(pairs: list[tuple[float, float]]) -> None:
+    assert exact_factor(pairs, SIZES) is None
+
+
+def test_a_factor_of_one_proves_nothing() -> None:
+    assert exact_factor([(1.0, 0.0)], {"M": 1.0, "1/M": 1.0}) is None
+
+
+def test_a_lower_precision_run_allows_its_own_rounding() -> None:
+    pairs = [(4.0 * (1 + 1e-7), 1e-7)]
+    assert exact_factor(pairs, SIZES) is None
+    assert exact_factor(pairs, SIZES, tolerance=1.9e-6) == "M"
+
+
+def test_the_cause_says_the_factor_and_what_it_is() -> None:
+    assert cause_of("1/M", "gradients", SIZES).startswith(
+        "gradients 1/4 of one process's (one over the microbatch count): averaged over the microbatches twice")
+    assert cause_of("tokens", "the loss is", SIZES).startswith("the loss is 48 times one process's (the batch's")

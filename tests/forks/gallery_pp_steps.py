@@ -1,0 +1,54 @@
+"""Training-loop steps around the bundled pipeline, checked with ``--pp-step`` (the loop is where gradients are
+zeroed and divided after the schedule's step). Each is called as ``fn(schedule, stages, inputs, labels, losses)``
+on every rank with the whole batch, as upstream's recipe holds it:
+
+- ``upstream_loop``: zero, ``schedule.step``, every gradient divided by the batch's label tokens (upstream's
+  contract). Correct.
+- ``never_zeroes``: the same without zeroing: the second step's gradients pile onto the first's.
+- ``divides_by_microbatch_tokens``: divided by one microbatch's share of the label tokens (the count taken from
+  the microbatch, not the batch, as a gradient-accumulation loop rescaling at each microbatch does): M times
+  too large.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nemo_dist.distributed.pipeline_parallel import count_label_tokens, scale_grads_by_tokens
+
+
+def _step(schedule: Any, stages: list[Any], inputs: torch.Tensor, labels: torch.Tensor,
+          losses: list[torch.Tensor]) -> None:
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    schedule.step(*((inputs,) if first else ()), target=labels if last else None, losses=losses if last else None)
+
+
+def _zero(stages: list[Any]) -> None:
+    for stage in stages:
+        stage.submod.zero_grad(set_to_none=True)
+
+
+def upstream_loop(schedule: Any, stages: list[Any], inputs: torch.Tensor, labels: torch.Tensor,
+                  losses: list[torch.Tensor]) -> None:
+    """Zero, step, divide by the batch's label tokens."""
+    _zero(stages)
+    _step(schedule, stages, inputs, labels, losses)
+    scale_grads_by_tokens(stages, count_label_tokens(labels))
+
+
+def never_zeroes(schedule: Any, stages: list[Any], inputs: torch.Tensor, labels: torch.Tensor,
+                 losses: list[torch.Tensor]) -> None:
+    """Step and divide, never zeroing: every step's gradients added to the last ones'."""
+    _step(schedule, stages, inputs, labels, losses)
+    scale_grads_by_tokens(stages, count_label_tokens(labels))
+
+
+def divides_by_microbatch_tokens(schedule: Any, stages: list[Any], inputs: torch.Tensor, labels: torch.Tensor,
+                                 losses: list[torch.Tensor]) -> None:
+    """Zero, step, divide by the label tokens over the microbatch count."""
+    _zero(stages)
+    _step(schedule, stages, inputs, labels, losses)
+    microbatches = schedule._n_microbatches
+    scale_grads_by_tokens(stages, count_label_tokens(labels), dp_size=microbatches)
