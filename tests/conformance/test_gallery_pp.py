@@ -80,7 +80,7 @@ GALLERY: dict[str, Row] = {
     # Training-loop steps (--pp-step) around the bundled pipeline, upstream's contract.
     "step_upstream_loop": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:upstream_loop"}),
     "step_never_zeroes": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:never_zeroes"},
-                             {TRAINS: None}),
+                             {TRAINS: "the gradients are never zeroed between steps"}),
     "step_divides_by_microbatch_tokens": Row(
         BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:divides_by_microbatch_tokens"},
         {GRADIENTS: _M, TRAINS: None},

@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from nemo_dist.conformance.registry import check
 
-__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "TIED_NOT_SUMMED", "cause_of", "exact_factor", "pp_check"]
+__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "NEVER_ZEROED", "TIED_NOT_SUMMED", "cause_of",
+           "exact_factor", "pp_check"]
 
 #: An exact factor's name -> the likely cause of gradients (or a loss) that many times one process's.
 FACTORS = {
@@ -49,6 +50,12 @@ TIED_NOT_SUMMED = (
 DROPPED = (
     "the stages hold none of {layers}: a layer dropped by the stage split (an uneven layer count cut short, "
     "layers // stages on each stage)"
+)
+#: The cause of a second step's gradients that hold the first step's.
+NEVER_ZEROED = (
+    "the gradients are never zeroed between steps: every gradient of the second step is one process's plus "
+    "{c:.6g} times the first step's (left in .grad, added to, and scaled again by whatever the loop does after the "
+    "step)"
 )
 #: The cause of parameters of the model that two stages hold.
 DUPLICATED = "{layers} held by two stages: a layer at a stage boundary held (and run) twice"

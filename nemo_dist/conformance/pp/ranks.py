@@ -136,6 +136,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
             "microbatches": microbatches, "tokens": tokens, "loss": None, "grads": {}, "params": {},
             "names": list(reference), "tolerance": target.tolerance(impl),
         }
+        first: dict[str, torch.Tensor] = {}
         for step, kind in enumerate(steps):
             where = f"in step {step + 1} (schedule.step)"
             for param in reference.values():
@@ -144,7 +145,10 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
             target.train_step(impl, made, stages, ids, labels, losses)
             want = F.cross_entropy(target.logits(one(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
             want.backward()
+            if step == 1:
+                report["carried"] = _carried(held, reference, first)
             if step == 0:
+                first = {k: _grad_of(reference[k]).clone() for _, _, k, _ in held if k}
                 if last and losses:
                     got = torch.stack([loss.detach() for loss in losses]).sum().item()
                     report["loss"] = (got / tokens if summed else got / len(losses), want.item())
@@ -161,6 +165,23 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         return report
     except Exception as exc:  # the parent judges a raising target (checks.run_reports)
         raise TargetRaised(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _carried(
+    held: list[tuple[int, str, str | None, Any]], reference: dict[str, Any], first: dict[str, torch.Tensor]
+) -> tuple[float, float] | None:
+    """In the second step, ``(c, residual)``: the one c with every held gradient equal to one process's gradient
+    of this step plus c times its first step's (least squares over every held parameter), and the largest
+    difference left, relative to max(1, max |gradient|); None where the first step's gradients are all zero."""
+    pairs = [(_grad_of(p).double(), _grad_of(reference[k]).double(), first[k].double())
+             for _, _, k, p in held if k and k in first]
+    norm = sum(float((g1 * g1).sum()) for _, _, g1 in pairs)
+    if not pairs or not norm:
+        return None
+    c = sum(float(((got - g2) * g1).sum()) for got, g2, g1 in pairs) / norm
+    residual = max(float((got - g2 - c * g1).abs().max()) / max(1.0, float(got.abs().max())) if got.numel() else 0.0
+                   for got, g2, g1 in pairs)
+    return c, residual
 
 
 def _label(index: int, name: str, known: str | None, tied: frozenset[str] = frozenset()) -> str:
