@@ -76,7 +76,10 @@ GALLERY: dict[str, Row] = {
         HELD: "layers.4 held by two stages: a layer at a stage boundary held (and run) twice", LOSS: None,
         GRADIENTS: None, TRAINS: None,
     }),
-    "final_norm_twice": Row(G + "final_norm_twice:pipeline", failing={LOSS: None, GRADIENTS: None, TRAINS: None}),
+    "final_norm_twice": Row(G + "final_norm_twice:pipeline", failing={
+        LOSS: "the final norm is applied twice", GRADIENTS: "the final norm is applied twice",
+        TRAINS: "the final norm is applied twice",
+    }),
     # Training-loop steps (--pp-step) around the bundled pipeline, upstream's contract.
     "step_upstream_loop": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:upstream_loop"}),
     "step_never_zeroes": Row(BUNDLED, {"pp_loss": "token_sum", "pp_step": G + "steps:never_zeroes"},

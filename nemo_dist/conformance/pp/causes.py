@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from nemo_dist.conformance.registry import check
 
-__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "NEVER_ZEROED", "TIED_NOT_SUMMED", "cause_of",
-           "exact_factor", "pp_check"]
+__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "NEVER_ZEROED", "NORM_TWICE", "TIED_NOT_SUMMED",
+           "cause_of", "exact_factor", "pp_check"]
 
 #: An exact factor's name -> the likely cause of gradients (or a loss) that many times one process's.
 FACTORS = {
@@ -50,6 +50,11 @@ TIED_NOT_SUMMED = (
 DROPPED = (
     "the stages hold none of {layers}: a layer dropped by the stage split (an uneven layer count cut short, "
     "layers // stages on each stage)"
+)
+#: The cause of a loss and gradients that equal one process's with its final norm applied twice (the suite's model).
+NORM_TWICE = (
+    "the final norm is applied twice: {what} one process's with the model's final norm applied twice (a stage "
+    "that normalizes its output before a head that normalizes again)"
 )
 #: The cause of a second step's gradients that hold the first step's.
 NEVER_ZEROED = (

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.pp import target
+from nemo_dist.conformance.pp.models import TinyPipelineLM
 
 __all__ = ["BUILDING", "SEED", "TargetRaised", "batch", "difference", "run"]
 
@@ -118,6 +119,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
     model, vocab = target.build_model(impl, SEED, tied=bool(spec.get("tied")))
     one = copy.deepcopy(model)
+    twice = copy.deepcopy(model) if isinstance(model, TinyPipelineLM) and model.norm is not None else None
     reference = dict(one.named_parameters())
     tied = _tied_names(one)
     where = BUILDING
@@ -156,6 +158,8 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
                 report["copies"] = [(i, k, None if p.grad is None else p.grad.detach().tolist())
                                     for i, _, k, p in held if k in tied]
                 report["want_copies"] = {k: _grad_of(reference[k]).tolist() for k in tied}
+                if twice is not None:
+                    report["norm_twice"] = _norm_twice(twice, ids, labels, held, report)
             where = f"in optimizer step {step + 1} ({kind})"
             for optimizer in optimizers[kind]:
                 optimizer.step()
@@ -165,6 +169,22 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         return report
     except Exception as exc:  # the parent judges a raising target (checks.run_reports)
         raise TargetRaised(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def _norm_twice(model: TinyPipelineLM, ids: torch.Tensor, labels: torch.Tensor,
+                held: list[tuple[int, str, str | None, Any]], report: dict[str, Any]) -> dict[str, Any]:
+    """One process with its final norm applied twice, against this rank's first step: ``loss`` (the variant's, where
+    this rank reports one) and ``grads`` (each held parameter's gradient against the variant's, as
+    :func:`difference`)."""
+    norm: Any = model.norm
+    once = norm.forward
+    norm.forward = lambda x: once(once(x))
+    loss = F.cross_entropy(target.logits(model(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
+    loss.backward()
+    variant = dict(model.named_parameters())
+    grads = {_label(i, n, k): difference(_grad_of(p), _grad_of(variant[k])) for i, n, k, p in held
+             if k and k in variant}
+    return {"loss": loss.item() if report["loss"] is not None else None, "grads": grads}
 
 
 def _carried(
