@@ -220,7 +220,7 @@ CONFORMANCE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("how it is called", ("callables", "wrapping")),
     ("options resolved", ("target",)),
     ("running", ("deadlines", "registry", "verdicts", "lanes", "report", "junit", "json_report", "runner",
-                 "inworld")),
+                 "inworld", "target_raised")),
     ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2", "tp", "a2a", "moe", "pp")),
     ("the package", ("",)),
     ("front ends", ("arguments", "option_docs", "cli", "__main__", "pytest_plugin", "pytest_suite", "rank_preload")),

@@ -20,7 +20,6 @@ millionfold).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -40,7 +39,7 @@ from nemo_dist.conformance.pp.causes import (
     pp_check,
 )
 from nemo_dist.conformance.registry import WorldLike, failure, thorough
-from nemo_dist.testing import RankFailure
+from nemo_dist.conformance.target_raised import run_reports as rank_reports
 
 __all__ = [
     "GRADIENT_TOLERANCE",
@@ -65,10 +64,6 @@ MICROBATCHES = (1, 2, 4)
 #: The steps below float64: two SGD steps (Adam would magnify the dtype's roundoff on a small gradient).
 LOW_PRECISION_STEPS = (("sgd", 2),)
 
-#: The first line of a rank's failure where the target raised (:class:`~.ranks.TargetRaised`).
-_RAISED = re.compile(r"^rank \d+ raised (?:[\w.]+\.)?TargetRaised: (?P<where>[^:]+): (?P<error>.*)$")
-
-
 def _describe(schedule: str | None, size: int, microbatches: int) -> str:
     return (f"{schedule or 'its own schedule'}, pp {size}, {microbatches} microbatch"
             f"{'es' if microbatches != 1 else ''}")
@@ -76,22 +71,9 @@ def _describe(schedule: str | None, size: int, microbatches: int) -> str:
 
 def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's :func:`~.ranks.run` of ``spec``; a rank where the target raised reports ``{"error", "where",
-    "traceback"}``. A target that raised on some ranks while others waited for it is the harness's
-    ``RankFailure`` (the exception, and where the others were stuck), raised as it is: never a hang."""
-    try:
-        return world.run(ranks.run, impl, spec)
-    except RankFailure as exc:
-        found: list[dict[str, Any]] = []
-        for rank in range(world.size):
-            text = exc.failures.get(rank, "")
-            raised = _RAISED.match(text.splitlines()[0]) if text else None
-            if rank in exc.returned:
-                found.append(exc.returned[rank])
-            elif raised is None:
-                raise
-            else:
-                found.append({"error": raised["error"], "where": raised["where"], "traceback": text})
-        return found
+    "traceback"}`` (:func:`~nemo_dist.conformance.target_raised.run_reports`: a raise on some ranks only is the
+    harness's ``RankFailure``, never a hang)."""
+    return rank_reports(world, ranks.run, impl, spec)
 
 
 def matrix(size: int, impl: Implementation) -> list[tuple[str | None, int]]:

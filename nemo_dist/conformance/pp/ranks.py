@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.pp import target
 from nemo_dist.conformance.pp.models import TinyPipelineLM
+from nemo_dist.conformance.target_raised import TargetRaised, run_once
 
-__all__ = ["BUILDING", "SEED", "TargetRaised", "batch", "difference", "run"]
+__all__ = ["BUILDING", "SEED", "batch", "difference", "run"]
 
 SEED = 23
 _SEQ = 6
@@ -38,11 +39,6 @@ _ROWS_PER_MICROBATCH = 2
 BUILDING = "building the pipeline"
 _RUNS: dict[Any, dict[str, Any] | TargetRaised] = {}
 _MESHES: dict[Any, Any] = {}
-
-
-class TargetRaised(Exception):
-    """The target raised on this rank: ``"WHERE: Type: message"``, the target's exception chained. Raised, not
-    returned, so that ranks it left waiting are reported stuck beside it, never as a hang of their own."""
 
 
 def batch(microbatches: int, uneven: bool, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,16 +99,7 @@ def _optimizer(kind: str, params: list[Any]) -> torch.optim.Optimizer:
 
 def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     """Build and step as ``spec`` says (microbatches, schedule, steps); the report described above, cached."""
-    key = (impl, tuple(sorted((k, str(v)) for k, v in spec.items())))
-    if key not in _RUNS:
-        try:
-            _RUNS[key] = _run(impl, spec)
-        except TargetRaised as exc:
-            _RUNS[key] = exc
-    found = _RUNS[key]
-    if isinstance(found, TargetRaised):
-        raise found
-    return found
+    return run_once(_RUNS, (impl, tuple(sorted((k, str(v)) for k, v in spec.items()))), lambda: _run(impl, spec))
 
 
 def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:

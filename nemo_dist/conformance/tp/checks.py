@@ -25,10 +25,10 @@ from typing import Any
 from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, thorough
+from nemo_dist.conformance.target_raised import run_reports as rank_reports
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC, failure, tp_check
 from nemo_dist.conformance.tp.target import OWN_MODELS, model_names
-from nemo_dist.testing import RankFailure
 
 __all__ = [
     "attention_head_counts_are_local",
@@ -66,31 +66,12 @@ def splits(world_size: int, model: str) -> bool:
     return ":" in model or KV_HEADS % world_size == 0
 
 
-#: The first line of a rank's failure where the target raised (:class:`~.ranks.TargetRaised`).
-_RAISED = re.compile(r"^rank \d+ raised (?:[\w.]+\.)?TargetRaised: (?P<where>[^:]+): (?P<error>.*)$")
-
-
 def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's report of :func:`~.ranks.run` of ``spec``; a rank where the target raised reports
-    ``{"error", "where", "traceback", "tp", "dp"}``. A target that raised on some ranks while the others waited
-    for it in a collective is a ``RankFailure`` as the harness reports it (the exception, and where the others
-    were stuck), raised here as it is: never a hang, never a report; so is a rank that died or broke elsewhere."""
-    try:
-        return world.run(ranks.run, impl, spec)
-    except RankFailure as exc:
-        found: list[dict[str, Any]] = []
-        for rank in range(world.size):
-            text = exc.failures.get(rank, "")
-            raised = _RAISED.match(text.splitlines()[0]) if text else None
-            if rank in exc.returned:
-                found.append(exc.returned[rank])
-            elif raised is None:
-                raise
-            else:
-                dp = spec.get("dp", 1)
-                found.append({"error": raised["error"], "where": raised["where"], "traceback": text,
-                              "tp": world.size // dp, "dp": dp})
-        return found
+    ``{"error", "where", "traceback", "tp", "dp"}`` (:func:`~nemo_dist.conformance.target_raised.run_reports`:
+    a raise on some ranks only is the harness's ``RankFailure``, never a hang)."""
+    dp = spec.get("dp", 1)
+    return rank_reports(world, ranks.run, impl, spec, error_fields={"tp": world.size // dp, "dp": dp})
 
 
 def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec: Any) -> list[dict[str, Any]]:

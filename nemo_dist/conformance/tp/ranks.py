@@ -26,6 +26,7 @@ from torch import nn
 from nemo_dist.conformance.ddp.sharded import whole_grad
 from nemo_dist.conformance.fsdp2 import calls
 from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.tp import target
 
 __all__ = ["run", "tp_replicated", "warm_up"]
@@ -186,29 +187,13 @@ def _optimizer(kind: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=0.01, foreach=False)
 
 
-class TargetRaised(Exception):
-    """The target raised on this rank: ``"WHERE: Type: message"`` (WHERE: ``parallelizing``, ``in forward``...),
-    the target's exception chained. Raised, not returned, so that ranks the target left waiting in a collective
-    are reported stuck beside this rank's exception, never as a hang of their own; the parent reads a raise on
-    every rank back as each rank's error report (:func:`~nemo_dist.conformance.tp.checks.run_reports`)."""
-
-
 def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     """Shard and train as ``spec`` says (model, sequence_parallel, dp, seq, steps); the report described above.
 
     A target that raises raises :class:`TargetRaised`. A run is made once per target and spec on a rank, its
     report or its raise kept for the next check.
     """
-    key = (impl, tuple(sorted((k, str(v)) for k, v in spec.items())))
-    if key not in _RUNS:
-        try:
-            _RUNS[key] = _run(impl, spec)
-        except TargetRaised as exc:
-            _RUNS[key] = exc
-    found = _RUNS[key]
-    if isinstance(found, TargetRaised):
-        raise found
-    return found
+    return run_once(_RUNS, (impl, tuple(sorted((k, str(v)) for k, v in spec.items()))), lambda: _run(impl, spec))
 
 
 def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
