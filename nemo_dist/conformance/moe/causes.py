@@ -307,9 +307,9 @@ def gradient_cause(values: Sequence[dict[str, Any]], allowed: float, sizes: dict
     wrong = sorted({n for v in values for n, (g, w) in v["grads"].items() if relative(g, w) > allowed})
     if wrong and all(relative(v["grads"][n][0], v["own_share"].get(n)) <= allowed for v in values for n in wrong):
         return UNREDUCED.format(names=", ".join(wrong))
-    split = [n for n in wrong if _differs_over_tp(values, [n], sizes.get("tp", 1), allowed)]
+    split = _differs_over_tp(values, wrong, sizes.get("tp", 1), allowed)
     if split:
-        ranks = _differs_over_tp(values, split, sizes["tp"], allowed)
+        ranks = min(split.values())  # the first tp group where any of them differs
         return NOT_SUMMED_OVER_TP.format(names=", ".join(split), ranks=", ".join(map(str, ranks)))
     shards = sizes.get("ep", sizes["W"])
     if wrong and all(_summed_over_shards(first["grads"][n][0], first["grads"][n][1], shards, allowed) for n in wrong):
@@ -348,18 +348,21 @@ def _aux_weighted(values: Sequence[dict[str, Any]], allowed: float, sizes: dict[
                                weight=declared, advice=advice)
 
 
-def _differs_over_tp(values: Sequence[dict[str, Any]], wrong: Sequence[str], tp: int, allowed: float) -> list[int]:
-    """The ranks of the first tp group (ranks ``g * tp ...``, consecutive) whose gradients of some of the ``wrong``
-    replicated parameters differ from each other; [] where no group's do."""
+def _differs_over_tp(
+    values: Sequence[dict[str, Any]], wrong: Sequence[str], tp: int, allowed: float
+) -> dict[str, list[int]]:
+    """Each of the ``wrong`` replicated parameters whose gradients differ between the ranks of some tp group (ranks
+    ``g * tp ...``, consecutive), with the ranks of the first such group; empty where none does."""
+    found: dict[str, list[int]] = {}
     if tp < 2 or len(values) % tp:
-        return []
-    for start in range(0, len(values), tp):
-        group = values[start:start + tp]
-        for name in wrong:
-            got = [v["grads"][name][0] for v in group]
+        return found
+    for name in wrong:
+        for start in range(0, len(values), tp):
+            got = [v["grads"][name][0] for v in values[start:start + tp]]
             if any(relative(g, got[0]) > allowed for g in got[1:]):
-                return list(range(start, start + tp))
-    return []
+                found[name] = list(range(start, start + tp))
+                break
+    return found
 
 
 def _torch_double_divide(values: Sequence[dict[str, Any]], allowed: float) -> str:
