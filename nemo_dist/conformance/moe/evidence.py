@@ -61,8 +61,8 @@ def diagnosis(
         "grads": {n: (_cpu(got), _cpu(want)) for n, (got, want) in grads.items()},
         "aux_weight": aux_weight,
     }
-    values["pairs"] = _cpu(pair_contributions(reference, xs[me].to(device)))
     found = every_expert(reference, xs[me].to(device))
+    values["pairs"] = _cpu(pair_contributions(found))
     values["every_expert"] = None if found is None else {k: _cpu(v) for k, v in found.items()}
     own_loss = layer_loss(reference, xs[me], projections[me], aux_weight)[0]
     values["own_share"] = dict(zip(names, (_cpu(g / divisor) for g in _param_grads(own_loss, params)), strict=True))

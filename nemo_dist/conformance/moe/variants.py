@@ -77,14 +77,11 @@ def every_expert(layer: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tens
         return {"outputs": outputs, "indices": indices, "weights": weights}
 
 
-def pair_contributions(layer: nn.Module, tokens: torch.Tensor) -> torch.Tensor | None:
+def pair_contributions(every: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
     """``[T, top_k, dim]``: what each (token, expert) pair adds to one process's output (its expert's output times
-    its routing weight), for a :class:`TinyMoE`; None for any other layer."""
-    if not isinstance(layer, TinyMoE):
+    its routing weight), read from :func:`every_expert`'s result; None where that is None."""
+    if every is None:
         return None
-    with torch.no_grad():
-        _, indices, weights = layer.route(tokens)
-        k = indices.shape[1]
-        pairs = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(k)
-        out = expert_outputs(tokens[pairs], indices.reshape(-1), layer.experts.w1, layer.experts.w2)
-        return (out * weights.reshape(-1, 1)).reshape(tokens.shape[0], k, tokens.shape[-1])
+    outputs, indices, weights = every["outputs"], every["indices"], every["weights"]
+    chosen = outputs.gather(1, indices.unsqueeze(-1).expand(-1, -1, outputs.shape[-1]))
+    return chosen * weights.unsqueeze(-1)
