@@ -14,11 +14,14 @@ import pytest
 from nemo_dist.conformance.cli import main
 
 __all__ = [
+    "PYTEST_FAILING_ARGS",
+    "PYTEST_FAILING_FORK",
     "REFERENCE_ARGS",
     "ROOT",
     "DirectoryRun",
     "clean_env",
     "failure_section",
+    "pytest_failing_run_group",
     "reference_run_group",
     "run_command",
     "run_from_empty_dir",
@@ -34,6 +37,20 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_ARGS = ("--tier", "core", "-k", "matches", "--world-sizes", "2", "--max-examples", "3", "-q")
 #: The xdist group of the tests reading the run of ``REFERENCE_ARGS``, kept in one worker so that it runs once.
 reference_run_group = pytest.mark.xdist_group(name="reference_run")
+#: ``pytest conformance/`` on a gather fork dropping its own rows (its forward check fails, its uneven one is not
+#: supported), in worlds of 2 with few examples. One run started in an empty directory serves test_pytest_mode (the
+#: failing and skipped tests) and test_hypothesis_storage (where it leaves hypothesis's files): the
+#: ``python_from_empty_dir`` fixture runs it once for the tests of ``pytest_failing_run_group``.
+PYTEST_FAILING_FORK = (
+    "--conformance-gather", "tests.forks.broken_gather_drops_own_rows", "-k", "forward_matches or uneven_gathers",
+    "-rfs",
+)
+PYTEST_FAILING_ARGS = (
+    "-m", "pytest", str(ROOT / "conformance"), "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
+    "--dist-world-sizes", "2", "--conformance-max-examples", "3", *PYTEST_FAILING_FORK,
+)
+#: The xdist group of the tests reading the run of ``PYTEST_FAILING_ARGS``.
+pytest_failing_run_group = pytest.mark.xdist_group(name="pytest_failing_run")
 
 
 class DirectoryRun(NamedTuple):

@@ -11,8 +11,8 @@ from tests.conformance._cli import DirectoryRun, run_from_empty_dir
 
 
 @pytest.fixture(scope="session")
-def command_from_empty_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., DirectoryRun]:
-    """``(*args) -> DirectoryRun``: ``python -m nemo_dist.conformance *args`` started in an empty directory.
+def python_from_empty_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., DirectoryRun]:
+    """``(*args) -> DirectoryRun``: ``python *args`` started in an empty directory, this checkout importable.
 
     Run once per session (per xdist worker) for the same ``args``: tests that
     read one run share it, in one xdist group so that it runs once. Each run
@@ -22,7 +22,15 @@ def command_from_empty_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable
 
     @functools.cache
     def run(*args: str) -> DirectoryRun:
-        base = tmp_path_factory.mktemp("command_from_empty_dir")
-        return run_from_empty_dir(base, "-m", "nemo_dist.conformance", *args)
+        return run_from_empty_dir(tmp_path_factory.mktemp("python_from_empty_dir"), *args)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def command_from_empty_dir(python_from_empty_dir: Callable[..., DirectoryRun]) -> Callable[..., DirectoryRun]:
+    """``(*args) -> DirectoryRun``: ``python -m nemo_dist.conformance *args`` started in an empty directory.
+
+    Shared as :func:`python_from_empty_dir` shares its runs.
+    """
+    return functools.partial(python_from_empty_dir, "-m", "nemo_dist.conformance")

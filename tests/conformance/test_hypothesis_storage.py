@@ -27,12 +27,13 @@ from nemo_dist.conformance.profile import (
     seeded,
 )
 from tests.conformance._cli import (
+    PYTEST_FAILING_ARGS,
     REFERENCE_ARGS,
     ROOT,
     DirectoryRun,
     clean_env,
+    pytest_failing_run_group,
     reference_run_group,
-    run_from_empty_dir,
 )
 
 
@@ -211,16 +212,20 @@ def test_command_writes_no_hypothesis_directory_in_the_cwd(
         assert list(cache.iterdir()) == [], list(cache.rglob("*"))
 
 
-def test_pytest_front_end_writes_no_hypothesis_directory_in_the_cwd(tmp_path: Path) -> None:
-    """``pytest conformance/`` started elsewhere leaves the cwd without .hypothesis; the cache directory gets it."""
-    result, cwd, cache = run_from_empty_dir(
-        tmp_path, "-m", "pytest", str(ROOT / "conformance"), "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
-        "--dist-world-sizes", "1", "--conformance-max-examples", "3", "-k", "gather and forward_matches",
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed" in result.stdout, result.stdout
+@pytest_failing_run_group
+def test_pytest_front_end_writes_no_hypothesis_directory_in_the_cwd(
+    python_from_empty_dir: Callable[..., DirectoryRun],
+) -> None:
+    """``pytest conformance/`` started elsewhere leaves the cwd without .hypothesis; the cache directory gets it,
+    with the failing example it saved.
+
+    The run (a fork failing one check) is test_pytest_mode's; its failures are read there.
+    """
+    result, cwd, cache = python_from_empty_dir(*PYTEST_FAILING_ARGS)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 failed, 1 skipped" in result.stdout, result.stdout
     assert not (cwd / ".hypothesis").exists(), list(cwd.rglob("*"))
-    assert (cache / "nemo_dist" / "hypothesis").is_dir(), list(cache.rglob("*"))
+    assert _files(cache / "nemo_dist" / "hypothesis" / "examples"), list(cache.rglob("*"))
 
 
 def test_pytest_front_end_refuses_a_bad_database_value(pytester: pytest.Pytester) -> None:

@@ -1,7 +1,7 @@
 """Layer 3: ``pytest conformance/`` as a subprocess, in gloo worlds of 2 ranks: the checks as pytest tests.
 
 The subprocess proves the real run: a broken fork fails its tests, exit 1
-(test_hypothesis_storage's run from another directory passes, exit 0). What
+(the run starts in an empty directory: test_hypothesis_storage reads where it left hypothesis's files). What
 the plugin decides and prints beyond that is checked in this process
 (``pytester``): usage errors (they stop pytest before any world starts),
 and runs whose worlds fork from this process's fork server, where a fresh
@@ -13,13 +13,24 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
 # Imported here, before any in-process run: pytester removes afterwards the modules a run imported, and
-# torch cannot be imported twice in one process.
+# torch cannot be imported twice in one process, nor a suite's checks registered twice.
 import nemo_dist.conformance.pytest_plugin  # noqa: F401
-from tests.conformance._cli import ROOT, clean_env
+from nemo_dist.conformance import load_checks
+from tests.conformance._cli import (
+    PYTEST_FAILING_ARGS,
+    PYTEST_FAILING_FORK,
+    ROOT,
+    DirectoryRun,
+    clean_env,
+    pytest_failing_run_group,
+)
+
+load_checks()
 
 #: pytest's options of every run here: tests in file order (no pytest-randomly), no .pytest_cache, quiet.
 _PYTEST = ("-p", "no:randomly", "-p", "no:cacheprovider", "-q")
@@ -36,17 +47,22 @@ def _pytest_conformance(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 #: A gather fork dropping its own rows: its forward check fails, its uneven one is not supported.
-_FAILING = (
-    "--conformance-gather", "tests.forks.broken_gather_drops_own_rows",
-    "-k", "forward_matches or uneven_gathers", "-rfs",
-)
+_FAILING = PYTEST_FAILING_FORK
 
 
-def test_checks_run_as_pytest_tests_failing_and_skipping_per_check() -> None:
-    """A broken fork fails its check's test with the falsifying example; a missing keyword is a skip."""
-    result = _pytest_conformance(*_FAILING)
+@pytest_failing_run_group
+def test_checks_run_as_pytest_tests_failing_and_skipping_per_check(
+    python_from_empty_dir: Callable[..., DirectoryRun],
+) -> None:
+    """A broken fork fails its check's test with the falsifying example; a missing keyword is a skip.
+
+    The run, started in an empty directory, is shared with test_hypothesis_storage (where it leaves its files).
+    """
+    result = python_from_empty_dir(*PYTEST_FAILING_ARGS).result
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "FAILED conformance/test_conformance.py::test_check_holds[gather.forward_matches_cat-w2]" in result.stdout
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED ")]
+    assert [line.endswith("conformance/test_conformance.py::test_check_holds[gather.forward_matches_cat-w2]")
+            for line in failed] == [True], result.stdout
     assert "Failing test case" in result.stdout
     assert "not supported: needs uneven=: tests.forks.broken_gather_drops_own_rows.all_gather_with_grad " \
         "takes no uneven= keyword" in result.stdout
