@@ -5,10 +5,11 @@ fresh virtual environment in a temporary directory; the environment sees this
 one's installed packages (torch, hypothesis, pytest...) through a path file,
 but not this clone (every command runs in an empty directory). From there the
 console script starts (``--version``), ``--help`` and a short main-job
-selection run and conform, the shipped pytest suite runs with ``pytest
---pyargs``, and the wheel's declared dependencies cover every third-party
-module a run imports.
-``--thorough`` also installs the wheel with its dependencies resolved by pip.
+selection run and conform, and the wheel's declared dependencies cover every
+third-party module a run imports. The wheel holds every module of the package,
+the pytest front end and its suite among them; running that suite with
+``pytest --pyargs`` from the installed environment is ``thorough`` (the
+nightly job), as is installing the wheel with its dependencies resolved by pip.
 """
 
 from __future__ import annotations
@@ -99,6 +100,20 @@ def test_the_installed_command_starts_and_names_its_versions(installed: Path) ->
     assert where.stdout.startswith(str(installed.parent)), where.stdout
 
 
+def test_the_wheel_holds_every_module_of_the_package_and_the_pytest_suite(installed: Path) -> None:
+    """Every module and data file of this tree's package is in the wheel, the pytest front end and the suite it
+    runs (``nemo_dist/conformance/pytest_suite``) included, and installed where the environment imports it."""
+    package = ROOT / "nemo_dist"
+    shipped = {p.relative_to(package).as_posix() for p in package.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    site = next((installed.parent / "lib").glob("python*/site-packages"))
+    installed_files = {p.relative_to(site / "nemo_dist").as_posix() for p in (site / "nemo_dist").rglob("*")
+                       if p.is_file() and "__pycache__" not in p.parts}
+    assert {"conformance/pytest_plugin.py", "conformance/pytest_suite/test_conformance.py"} <= shipped
+    assert shipped - installed_files == set()
+
+
+@pytest.mark.thorough  # the gate: the suite's files are in the wheel (above); the pytest front end: test_pytest_mode
 def test_the_shipped_pytest_suite_runs_with_pyargs(installed: Path) -> None:
     here = installed.parent.parent / "empty"
     run = _run([str(installed / "python"), "-m", "pytest", "-p", "nemo_dist.conformance.pytest_plugin", "--pyargs",
