@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -263,6 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list_checks:
         sys.stdout.write(_list(checks, impl))
         return 0
+    # What is imported by now (torch, the suites, the targets) lives as long as the command: frozen, the full
+    # collections that the checks' hypothesis runs trigger (and hypothesis's own, once per thread) skip it.
+    gc.freeze()
     try:
         report = run_checks(
             checks,
