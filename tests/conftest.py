@@ -17,6 +17,7 @@ Two options of the project's own suite (the ``nemo_dist`` plugin's options,
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -66,6 +67,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("thorough")])
         items[:] = kept
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection left alive (torch, transformers, upstream, every test item): it lives as long as the
+    session, and a full garbage collection, which the checks' hypothesis runs trigger again and again in this
+    process, then no longer walks it."""
+    gc.freeze()
 
 
 @pytest.fixture
