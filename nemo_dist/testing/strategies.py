@@ -12,6 +12,7 @@ it eagerly (use ``from nemo_dist.testing import strategies``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -56,6 +57,7 @@ _BITS_DTYPE = {
 }
 
 
+@functools.cache
 def shapes(
     *, min_dims: int = 1, max_dims: int = 4, min_rows: int = 0, max_rows: int = 3, max_side: int = 3
 ) -> st.SearchStrategy[tuple[int, ...]]:
@@ -69,14 +71,20 @@ def shapes(
     return st.tuples(
         st.integers(min_rows, max_rows),
         st.lists(st.integers(1, max_side), min_size=min_dims - 1, max_size=max_dims - 1),
-    ).map(lambda parts: (parts[0], *parts[1]))
+    ).map(_joined_shape)
 
 
+def _joined_shape(parts: tuple[int, list[int]]) -> tuple[int, ...]:
+    return (parts[0], *parts[1])
+
+
+@functools.cache
 def float_dtypes() -> st.SearchStrategy[torch.dtype]:
     """One of fp32, fp64, fp16, bf16; shrinks toward fp32."""
     return st.sampled_from(FLOAT_DTYPES)
 
 
+@functools.cache
 def all_dtypes() -> st.SearchStrategy[torch.dtype]:
     """A float dtype, int64, int32, uint8 or bool; shrinks toward fp32."""
     return st.sampled_from(ALL_DTYPES)
@@ -99,7 +107,12 @@ def layouts(shape: Sequence[int]) -> st.SearchStrategy[str]:
 
     "transposed" needs 2+ dims and "channels_last" exactly 4.
     """
-    return st.sampled_from([name for name in LAYOUTS if applies(name, shape)])
+    return _layouts_of(tuple(name for name in LAYOUTS if applies(name, shape)))
+
+
+@functools.cache
+def _layouts_of(names: tuple[str, ...]) -> st.SearchStrategy[str]:
+    return st.sampled_from(names)
 
 
 def apply_layout(tensor: torch.Tensor, layout: str) -> torch.Tensor:
@@ -143,6 +156,7 @@ def _tensor_from_ints(values: list[Any], shape: tuple[int, ...], dtype: torch.dt
     return torch.tensor(values, dtype=torch.int64).to(dtype).reshape(shape)
 
 
+@functools.cache
 def _element_strategy(dtype: torch.dtype, kind: Values) -> st.SearchStrategy[Any]:
     if kind == "random":
         if not dtype.is_floating_point:
@@ -204,11 +218,19 @@ def rank_tensors(
     for n in per_rank:
         rank_shape = (n, *shape[1:])
         count = math.prod(rank_shape)
-        ints = draw(st.lists(elements, min_size=count, max_size=count))
+        ints = draw(_exactly(elements, count))
         tensors.append(_tensor_from_ints(ints, rank_shape, dtype, values))
     return tensors
 
 
+@functools.cache
+def _exactly(elements: st.SearchStrategy[Any], count: int) -> st.SearchStrategy[list[Any]]:
+    """Lists of exactly ``count`` draws of ``elements`` (one strategy object per pair: hypothesis caches its work
+    on the object, and a new one per draw costs more than the draw)."""
+    return st.lists(elements, min_size=count, max_size=count)
+
+
+@functools.cache
 def row_counts(world_size: int, *, max_rows: int = 3) -> st.SearchStrategy[list[int]]:
     """Rows per rank for ``uneven=True``: ``world_size`` counts in 0..``max_rows``; shrinks toward zeros."""
     return st.lists(st.integers(0, max_rows), min_size=world_size, max_size=world_size)
