@@ -25,6 +25,7 @@ from nemo_dist.conformance.errors import NotApplicable, NotSupported, OptionErro
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import Check, Suite, register_suite
 from nemo_dist.conformance.wrapper import checks, ranks
+from nemo_dist.conformance.wrapper.messages import FirstCall
 
 __all__ = ["checks", "first_call", "screen"]
 
@@ -70,11 +71,11 @@ def screen(check: Check, impl: Implementation) -> None:
             )
 
 
-def _ddp_note(found: dict[str, Any]) -> str:
-    if not found["ddp_at"]:
+def _ddp_note(found: FirstCall) -> str:
+    if not found.ddp_at:
         return "no DistributedDataParallel inside"
-    settings = f" ({found['ddp']})" if found["ddp"] else ""
-    return f"a DistributedDataParallel at {found['ddp_at']}{settings}"
+    settings = f" ({found.ddp})" if found.ddp else ""
+    return f"a DistributedDataParallel at {found.ddp_at}{settings}"
 
 
 def _cannot_start(label: str, ranks_failed: list[int], size: int, error: str) -> str:
@@ -113,25 +114,25 @@ def first_call(world: Any, impl: Implementation, notes: list[str]) -> Implementa
     if mismatch:
         notes.append(f"{wrapper.label}: not called in this world: {mismatch}; its checks are not applicable here")
         return impl
-    calls = warm_up_step(world, ranks.first_call, impl)
-    if calls and all(c["need"] for c in calls):
-        raise OptionError(calls[0]["need"])
-    if calls and all(c["refused"] for c in calls):
+    calls: list[FirstCall] = warm_up_step(world, ranks.first_call, impl)
+    if calls and all(c.need for c in calls):
+        raise OptionError(calls[0].need)
+    if calls and all(c.refused for c in calls):
         raise OptionError(
             f"{{opt:ddp_fn}} {wrapper.label} cannot be called with the model as the options say "
-            f"({calls[0]['refused']}); give the keywords it needs with {{opt:ddp_kwarg}}, or name the callable "
+            f"({calls[0].refused}); give the keywords it needs with {{opt:ddp_kwarg}}, or name the callable "
             "that takes the model"
         )
-    missing = [c["missing"] for c in calls if c["missing"]]
+    missing = [c.missing for c in calls if c.missing]
     if calls and len(missing) == len(calls):
         field, name = missing[0][0]
         raise OptionError(
-            f"{{opt:{field}}} {name}: what {wrapper.fn} returned ({calls[0]['returned']}) has no method {name!r}"
+            f"{{opt:{field}}} {name}: what {wrapper.fn} returned ({calls[0].returned}) has no method {name!r}"
         )
-    unwrapped = [rank for rank, c in enumerate(calls) if not c["wrapped"]]
+    unwrapped = [rank for rank, c in enumerate(calls) if not c.wrapped]
     if unwrapped:
-        raise OptionError(_cannot_start(wrapper.label, unwrapped, len(calls), calls[unwrapped[0]]["error"]))
-    failed = [(rank, c["error"]) for rank, c in enumerate(calls) if c["error"]]
+        raise OptionError(_cannot_start(wrapper.label, unwrapped, len(calls), calls[unwrapped[0]].error))
+    failed = [(rank, c.error) for rank, c in enumerate(calls) if c.error]
     if failed:
         rank, error = failed[0]
         notes.append(f"{wrapper.label}: its first call failed on rank {rank}: {error.splitlines()[0]}")
@@ -139,13 +140,13 @@ def first_call(world: Any, impl: Implementation, notes: list[str]) -> Implementa
     found = calls[0]
     size = len(calls)
     ranks_word = "rank" if size == 1 else "ranks"
-    note = f"{wrapper.label}: in a world of {size} {ranks_word} returned {found['returned']}, {_ddp_note(found)}"
-    if found["dtype"] != "torch.float64":
-        note += f"; the float64 model's parameters became {found['dtype']}"
+    note = f"{wrapper.label}: in a world of {size} {ranks_word} returned {found.returned}, {_ddp_note(found)}"
+    if found.dtype != "torch.float64":
+        note += f"; the float64 model's parameters became {found.dtype}"
     notes.append(note)
-    if found["sharding"]:
+    if found.sharding:
         notes.append(f"{wrapper.label}: in a world of {size} {ranks_word}, parameters on rank 0: "
-                     + "; ".join(found["sharding"]))
+                     + "; ".join(found.sharding))
     return impl
 
 

@@ -44,6 +44,7 @@ from nemo_dist.conformance.ddp.wrapped import (
     wrap,
 )
 from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.wrapper.messages import FirstCall
 from nemo_dist.conformance.wrapper.torch_faults import divide_factor_state
 
 __all__ = [
@@ -361,29 +362,14 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__} at {last.filename}:{last.lineno}: {(last.line or '').strip()}"
 
 
-def first_call(impl: Implementation) -> dict[str, Any]:
-    """One wrap and training step of a small model on this rank: what came back, what it lacks, what failed.
-
-    Keys: ``error`` (``Type: message`` of a failure, "" without), ``wrapped``
-    (whether the wrapping itself returned: False when ``error`` is its), ``need``
-    (the one-line message when the world lacks CUDA or a launcher variable),
-    ``refused`` (Python refused the call's arguments: the ``TypeError``),
-    ``returned``, ``ddp_at`` and ``ddp`` (the DDP found and its settings),
-    ``missing`` (step-protocol methods what came back lacks), ``dtype``
-    (the parameters' dtype after wrapping), ``accumulates`` (``no_sync``,
-    ``set_requires_gradient_sync`` or "") and ``sharding`` (how each parameter
-    is held, :func:`~nemo_dist.conformance.ddp.sharded.sharding`; empty when none is a DTensor).
-    """
-    found: dict[str, Any] = {
-        "error": "", "wrapped": False, "need": "", "refused": "", "missing": [], "returned": "", "ddp_at": "",
-        "ddp": "", "sharding": [],
-    }
+def first_call(impl: Implementation) -> FirstCall:
+    """One wrap and training step of a small model on this rank: what came back, what it lacks, what failed."""
     try:
         wrapped = wrap(_wrapper(impl), Linear(0, "integers"))
     except EnvironmentNeeded as exc:
-        return {**found, "need": str(exc), "error": f"{type(exc.__cause__).__name__}: {exc.__cause__}"}
+        return FirstCall(need=str(exc), error=f"{type(exc.__cause__).__name__}: {exc.__cause__}")
     except Exception as exc:
-        return {**found, "error": _raised(exc), "refused": call_refused(exc)}
+        return FirstCall(error=_raised(exc), refused=call_refused(exc))
     wrapper = wrapped.wrapper
     missing = [
         (field, name)
@@ -391,27 +377,30 @@ def first_call(impl: Implementation) -> dict[str, Any]:
         if name is not None and not callable(getattr(wrapped.trained, name, None))
     ]
     context = accumulating(wrapped)
-    found.update(
-        wrapped=True,
-        returned=wrapped.returned,
-        missing=missing,
-        dtype=str(dtype_of(wrapped.model)),
-        accumulates="" if context is None else _context_name(context),
-        sharding=sharding(wrapped.model) if is_sharded(wrapped.model.parameters()) else [],
-    )
+    error = ""
     if not missing:
         try:
             x = torch.ones(2, IN_FEATURES, dtype=dtype_of(wrapped.model), device=rank_device())
             backward(wrapped, _loss(wrapped.trained(x)))
             sgd(wrapped, 0.0)
         except Exception as exc:
-            found["error"] = f"{type(exc).__name__}: {str(exc).strip()}"
+            error = f"{type(exc).__name__}: {str(exc).strip()}"
     ddp, at = ddp_inside(wrapped.trained, wrapped.model)  # after a forward: replicate builds its DDP lazily
-    found["ddp_at"] = at
+    shown = ""
     if ddp is not None:
         settings = ("static_graph", "broadcast_buffers", "find_unused_parameters", "gradient_as_bucket_view")
-        shown = [f"{name}={getattr(ddp, name)!r}" for name in settings if hasattr(ddp, name)]
+        named = [f"{name}={getattr(ddp, name)!r}" for name in settings if hasattr(ddp, name)]
         cap = getattr(ddp, "bucket_bytes_cap", None)
-        shown += [] if cap is None else [f"bucket_cap_mb={cap / 2**20:g}"]
-        found["ddp"] = ", ".join(shown)
-    return found
+        named += [] if cap is None else [f"bucket_cap_mb={cap / 2**20:g}"]
+        shown = ", ".join(named)
+    return FirstCall(
+        error=error,
+        wrapped=True,
+        returned=wrapped.returned,
+        ddp_at=at,
+        ddp=shown,
+        missing=missing,
+        dtype=str(dtype_of(wrapped.model)),
+        accumulates="" if context is None else _context_name(context),
+        sharding=sharding(wrapped.model) if is_sharded(wrapped.model.parameters()) else [],
+    )
