@@ -48,6 +48,14 @@ from nemo_dist.conformance.implementation import DDPWrapper, Implementation
 from nemo_dist.conformance.registry import WorldLike, check
 from nemo_dist.conformance.wrapper import diagnosis, nested, ranks, torch_faults
 from nemo_dist.conformance.wrapper.exact import exact_training
+from nemo_dist.conformance.wrapper.messages import (
+    AccumulationReport,
+    BufferViews,
+    NestedReport,
+    StartReport,
+    Stepped,
+    TrainReport,
+)
 
 __all__ = [
     "STEPS",
@@ -75,15 +83,11 @@ def _wrapper(impl: Implementation) -> DDPWrapper:
     return impl.ddp_wrapper
 
 
-def _torch_fault(world: WorldLike, results: Sequence[dict[str, Any]], wrapper: DDPWrapper, key: str) -> str:
-    """torch's own fault where torch alone, re-run, shows it (:mod:`.torch_faults`): the first gradients the ranks
-    report under ``key`` (a list per step, or one) against their ``expected`` ones; "" where none is shown."""
-
-    def first(value: Any) -> Any:
-        return value[0] if isinstance(value, list) and value else value
-
-    observed = [first(r.get(key)) for r in results]
-    expected = [first(r.get("expected")) for r in results]
+def _torch_fault(
+    world: WorldLike, results: Sequence[Stepped], wrapper: DDPWrapper, observed: list[Any], expected: list[Any]
+) -> str:
+    """torch's own fault where torch alone, re-run, shows it (:mod:`.torch_faults`): the ranks' ``observed``
+    gradients against their ``expected`` ones; "" where none is shown."""
     try:
         return torch_faults.double_divide(world.run, results, wrapper.mesh, observed, expected)
     except (Exception, StepAborted):  # a probe that breaks proves nothing: the wrapper's own diagnosis stands
@@ -137,17 +141,19 @@ def _exact_params(
     return [torch.tensor([float(v) for v in step], dtype=torch.float64) for step in run.params]
 
 
-def _assert_trains(world: WorldLike, impl: Implementation, kind: str, seed: int, rows: int) -> list[dict[str, Any]]:
+def _assert_trains(world: WorldLike, impl: Implementation, kind: str, seed: int, rows: int) -> list[TrainReport]:
     """Run :func:`.ranks.train`; assert every rank's parameters after each step equal one process on the full batch."""
     wrapper = _wrapper(impl)
     global_batch = ranks.batch(seed, kind, rows * world.size)
-    results = world.run(ranks.train, impl, seed, kind, global_batch, STEPS)
-    exact = _exact_params(impl, kind, seed, global_batch, world.size, results[0]["dtype"])
+    results: list[TrainReport] = world.run(ranks.train, impl, seed, kind, global_batch, STEPS)
+    exact = _exact_params(impl, kind, seed, global_batch, world.size, results[0].dtype)
     declared = f"under --ddp-reduction {wrapper.reduction}, {kind} data, {rows} row(s) per rank"
-    with _explained(lambda: _torch_fault(world, results, wrapper, "grads")
+    observed = [r.grads[0] if r.grads else None for r in results]
+    expected = [r.expected[0] if r.expected else None for r in results]
+    with _explained(lambda: _torch_fault(world, results, wrapper, observed, expected)
                     or diagnosis.training_cause(results, wrapper)):
         for rank, got in enumerate(results):
-            for step, params in enumerate(got["params"], start=1):
+            for step, params in enumerate(got.params, start=1):
                 what = f"rank {rank}, parameters after step {step} vs one process on the full batch ({declared})"
                 if exact is not None:
                     assert torch.equal(params, exact[step - 1]), (
@@ -156,7 +162,7 @@ def _assert_trains(world: WorldLike, impl: Implementation, kind: str, seed: int,
                         f"got      {params.tolist()}\nexpected {exact[step - 1].tolist()}"
                     )
                 else:
-                    _assert_close([params], [got["reference"][step - 1]], what, wrapper, got["dtype"])
+                    _assert_close([params], [got.reference[step - 1]], what, wrapper, got.dtype)
     return results
 
 
@@ -172,11 +178,11 @@ def identical_start(world: WorldLike, impl: Implementation) -> None:
             "--ddp-start identical declares that the wrapper expects identical weights on every rank (same seed "
             "or a checkpoint load): every rank's model is built from one seed, and nothing is left to synchronise"
         )
-    results = world.run(ranks.start, impl, 7)
-    with _explained(lambda: diagnosis.start_cause([r["own"] for r in results], [r["after"] for r in results])):
+    results: list[StartReport] = world.run(ranks.start, impl, 7)
+    with _explained(lambda: diagnosis.start_cause([r.own for r in results], [r.after for r in results])):
         for rank, got in enumerate(results[1:], start=1):
-            diff = (got["after"] - results[0]["own"]).abs().max().item()
-            assert torch.equal(got["after"], results[0]["own"]), (
+            diff = (got.after - results[0].own).abs().max().item()
+            assert torch.equal(got.after, results[0].own), (
                 f"rank {rank} holds other weights than rank 0's initial ones after wrapping and one forward "
                 f"(max |diff| {diff:.3g}); a data-parallel wrapper starts every rank from the same weights"
             )
@@ -208,10 +214,12 @@ def ranks_stay_identical(world: WorldLike, impl: Implementation) -> None:
     """After every step of training on normal draws, every rank's parameters equal rank 0's bit for bit."""
     wrapper = _wrapper(impl)
     seed, rows = 3, 2
-    results = world.run(ranks.train, impl, seed, "normal", ranks.batch(seed, "normal", rows * world.size), STEPS)
+    results: list[TrainReport] = world.run(
+        ranks.train, impl, seed, "normal", ranks.batch(seed, "normal", rows * world.size), STEPS
+    )
     with _explained(lambda: diagnosis.training_cause(results, wrapper)):
         for rank, got in enumerate(results[1:], start=1):
-            for step, (params, first) in enumerate(zip(got["params"], results[0]["params"], strict=True), start=1):
+            for step, (params, first) in enumerate(zip(got.params, results[0].params, strict=True), start=1):
                 assert torch.equal(params, first), (
                     f"rank {rank}'s parameters after step {step} differ from rank 0's (max |diff| "
                     f"{(params - first).abs().max().item():.3g}); data-parallel replicas must stay bit-identical"
@@ -226,24 +234,27 @@ def _assert_accumulates(world: WorldLike, impl: Implementation, kind: str, seed:
     """Run :func:`.ranks.accumulation` on 3 micro-batches; assert the gradient is one big step's on all of them."""
     wrapper = _wrapper(impl)
     micro = _micro_batches(seed, kind, rows, world.size, 3)
-    results = world.run(ranks.accumulation, impl, seed, kind, micro)
-    if results[0]["offered"] is None:
+    results: list[AccumulationReport] = world.run(ranks.accumulation, impl, seed, kind, micro)
+    if results[0].offered is None:
         raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
     exact = kind == "integers" and _power_of_two(world.size) and _power_of_two(rows)
-    with _explained(lambda: _torch_fault(world, results, wrapper, "grad")
+    with _explained(lambda: _torch_fault(world, results, wrapper, [r.grad for r in results],
+                                         [r.expected for r in results])
                     or diagnosis.no_sync_cause(results, wrapper)):
         for rank, got in enumerate(results):
             what = (
-                f"rank {rank}: gradient after 2 micro-batches under {got['offered']} and 1 synced vs one big "
+                f"rank {rank}: gradient after 2 micro-batches under {got.offered} and 1 synced vs one big "
                 f"step on all of them (under --ddp-reduction {wrapper.reduction}, {kind} data)"
             )
-            assert got["grad"] is not None, f"{what}: the wrapper left no gradient"
+            assert got.grad is not None, f"{what}: the wrapper left no gradient"
+            want = got.expected
+            assert want is not None  # computed in this process whenever the wrapper offers a way to skip the sync
             if exact:
-                assert torch.equal(got["grad"], got["expected"]), (
-                    f"{what}, exact:\ngot      {got['grad'].tolist()}\nexpected {got['expected'].tolist()}"
+                assert torch.equal(got.grad, want), (
+                    f"{what}, exact:\ngot      {got.grad.tolist()}\nexpected {want.tolist()}"
                 )
             else:
-                _assert_close([got["grad"]], [got["expected"]], what, wrapper, got["dtype"])
+                _assert_close([got.grad], [want], what, wrapper, got.dtype)
 
 
 @check("wrapper.no_sync_accumulates", tier="core", component="wrapper", min_world=2)
@@ -258,20 +269,22 @@ def no_sync_skips_reduction(world: WorldLike, impl: Implementation) -> None:
     """Under no_sync() (or set_requires_gradient_sync(False)) a backward runs no gradient reduction on any rank."""
     wrapper = _wrapper(impl)
     kind, seed, rows = FIXED_EXAMPLES[0]
-    results = world.run(ranks.accumulation, impl, seed, kind, _micro_batches(seed, kind, rows, world.size, 3))
-    if results[0]["offered"] is None:
+    results: list[AccumulationReport] = world.run(
+        ranks.accumulation, impl, seed, kind, _micro_batches(seed, kind, rows, world.size, 3)
+    )
+    if results[0].offered is None:
         raise NotApplicable(f"{wrapper.label} offers neither no_sync() nor set_requires_gradient_sync()")
-    if not any(got["unsynced_reductions"] or got["reduced"] for got in results):
+    if not any(got.unsynced_reductions or got.reduced for got in results):
         raise NotApplicable(
             f"the profiler recorded no gradient reduction in the synced backward either (a world of {world.size}), "
             "so that none ran under the context proves nothing"
         )
     for rank, got in enumerate(results):
-        ran = got["unsynced_reductions"]
+        ran = got.unsynced_reductions
         names = ", ".join(sorted({name for name, _ in ran}))
         assert not ran, (
-            f"rank {rank}: 2 backward passes under {got['offered']} ran {len(ran)} gradient reduction(s) "
-            f"({names}); skipping them is what {got['offered']} is for (the gradient may "
+            f"rank {rank}: 2 backward passes under {got.offered} ran {len(ran)} gradient reduction(s) "
+            f"({names}); skipping them is what {got.offered} is for (the gradient may "
             "still come out right: reducing each micro-batch and summing equals reducing the sum)"
         )
 
@@ -282,20 +295,20 @@ def reduces_in_declared_dtype(world: WorldLike, impl: Implementation) -> None:
     (float32 unless declared), read from the backend's collectives themselves, whatever the result's tolerance."""
     wrapper = _wrapper(impl)
     kind, seed, rows = FIXED_EXAMPLES[1]
-    results = world.run(ranks.train, impl, seed, kind, ranks.batch(seed, kind, rows * world.size), 1)
-    typed = [(event, dtype) for got in results for event, dtype in got["reduced"] if dtype]
+    results: list[TrainReport] = world.run(ranks.train, impl, seed, kind, ranks.batch(seed, kind, rows * world.size), 1)
+    typed = [(event, dtype) for got in results for event, dtype in got.reduced if dtype]
     if not typed:
-        ran = "no gradient reduction ran" if not any(got["reduced"] for got in results) else (
+        ran = "no gradient reduction ran" if not any(got.reduced for got in results) else (
             "the profiler recorded no dtype of the reductions that ran"
         )
         raise NotApplicable(f"{ran} in a training step in a world of {world.size}")
     with _explained(lambda: diagnosis.precision_cause(results, wrapper)):
         for rank, got in enumerate(results):
-            low = diagnosis.reductions_below(got["reduced"], wrapper.reduce_dtype)
+            low = diagnosis.reductions_below(got.reduced, wrapper.reduce_dtype)
             assert not low, (
                 f"rank {rank}: a training step's backward reduced gradients in {low[0][1]} "
                 f"({', '.join(f'{event} on {dtype}' for event, dtype in low)}), below --ddp-reduce-dtype "
-                f"{wrapper.reduce_dtype}; the model's parameters are {got['dtype']}"
+                f"{wrapper.reduce_dtype}; the model's parameters are {got.dtype}"
             )
 
 
@@ -304,25 +317,25 @@ def trains_a_nested_model(world: WorldLike, impl: Implementation) -> None:
     """A model shaped like real ones (root parameter, embedding, norm, buffer, dropout, keyword argument) trains in
     train mode as one process does on the full batch, every parameter of it, on every rank."""
     wrapper = _wrapper(impl)
-    results = world.run(nested.nested_training, impl)
+    results: list[NestedReport] = world.run(nested.nested_training, impl)
     with _explained(lambda: diagnosis.nested_cause(results, wrapper)):
         _assert_nested(results, wrapper)
 
 
-def _assert_nested(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> None:
+def _assert_nested(results: Sequence[NestedReport], wrapper: DDPWrapper) -> None:
     for rank, got in enumerate(results):
-        evaluated = [i for i, (model, dropout) in enumerate(got["modes"]) if not (model and dropout)]
+        evaluated = [i for i, (model, dropout) in enumerate(got.modes) if not (model and dropout)]
         assert not evaluated, (
             f"rank {rank}: forward {evaluated[0] + 1} ran in eval mode (model.training, dropout.training = "
-            f"{got['modes'][evaluated[0]]}); a wrapper must leave the model in the train mode it was given"
+            f"{got.modes[evaluated[0]]}); a wrapper must leave the model in the train mode it was given"
         )
-        for step, (params, reference) in enumerate(zip(got["params"], got["reference"], strict=True), start=1):
+        for step, (params, reference) in enumerate(zip(got.params, got.reference, strict=True), start=1):
             _assert_close(
                 params, reference,
-                f"rank {rank}, after step {step} of {nested.NESTED_STEPS}: parameters ({', '.join(got['names'])}) vs "
+                f"rank {rank}, after step {step} of {nested.NESTED_STEPS}: parameters ({', '.join(got.names)}) vs "
                 "one process trained on the full batch (a wrapper syncing only some parameters, only nn.Linear "
                 "layers or only the root module's own, leaves the others to drift)",
-                wrapper, got["dtype"],
+                wrapper, got.dtype,
             )
 
 
@@ -355,7 +368,8 @@ _FINDINGS = {
 def buffers_as_declared(world: WorldLike, impl: Implementation) -> None:
     """Module buffers are synced from rank 0 or left local, as --ddp-buffers declares (reported when undeclared)."""
     wrapper = _wrapper(impl)
-    seen = [got["seen"] for got in world.run(ranks.buffer_views, impl)]
+    views: list[BufferViews] = world.run(ranks.buffer_views, impl)
+    seen = [got.seen for got in views]
     finding = _buffer_finding(seen)
     shown = "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
     if wrapper.buffers is None:
@@ -373,8 +387,9 @@ def buffers_as_declared(world: WorldLike, impl: Implementation) -> None:
 @check("wrapper.keeps_dtype", tier="extended", component="wrapper")
 def keeps_dtype(world: WorldLike, impl: Implementation) -> None:
     """The wrapper leaves the model's parameter dtype as it is (a float64 model stays float64)."""
-    for rank, got in enumerate(world.run(ranks.start, impl, 5)):
-        assert got["dtype"] == "torch.float64", (
+    starts: list[StartReport] = world.run(ranks.start, impl, 5)
+    for rank, got in enumerate(starts):
+        assert got.dtype == "torch.float64", (
             f"rank {rank}: {_wrapper(impl).label} changed the model's parameters from torch.float64 to "
-            f"{got['dtype']} (the training checks compare in that dtype's tolerance)"
+            f"{got.dtype} (the training checks compare in that dtype's tolerance)"
         )

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from nemo_dist.conformance.implementation import DDPWrapper
+from nemo_dist.conformance.wrapper.messages import AccumulationReport, NestedReport, Stepped, TrainReport
 
 __all__ = [
     "CAUSES",
@@ -113,13 +114,13 @@ def _lower_precision(observed: Sequence[Any], expected: Sequence[Any]) -> str:
     return ""
 
 
-def _unobserved_precision(results: Sequence[dict[str, Any]], observed: Sequence[Any], expected: Sequence[Any]) -> str:
+def _unobserved_precision(results: Sequence[Stepped], observed: Sequence[Any], expected: Sequence[Any]) -> str:
     """:func:`_lower_precision` guessed from the values, where the ranks saw no reduction's dtype.
 
     Where they did, :func:`precision_cause` has already judged the dtypes
     themselves (none below the declared one), and values suggest nothing more.
     """
-    if any(dtype for got in results for _, dtype in got.get("reduced", ())):
+    if any(dtype for got in results for _, dtype in got.reduced):
         return ""
     return _lower_precision(observed, expected)
 
@@ -162,22 +163,22 @@ def reductions_below(reduced: Sequence[tuple[str, str]], declared: str) -> list[
     return [(event, dtype) for event, dtype in reduced if _eps(dtype) > _eps(declared)]
 
 
-def precision_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
+def precision_cause(results: Sequence[Stepped], wrapper: DDPWrapper) -> str:
     """"gradients reduced in DTYPE" when a rank's observed reductions ran below ``--ddp-reduce-dtype``; else "the
     forward computed in DTYPE" when the output came back in a less precise dtype than the parameters and no
     ``--ddp-compute-dtype`` was declared; else ""."""
     for got in results:
-        low = reductions_below(got.get("reduced", ()), wrapper.reduce_dtype)
+        low = reductions_below(got.reduced, wrapper.reduce_dtype)
         if low:
             events = ", ".join(sorted({event for event, _ in low}))
             return CAUSES["reduced_in"].format(dtype=low[0][1], events=events, declared=wrapper.reduce_dtype)
-    output, params = results[0].get("output_dtype", ""), results[0].get("dtype", "")
+    output, params = results[0].output_dtype, results[0].dtype
     if wrapper.compute_dtype is None and _eps(output) > _eps(params) > 0:
         return CAUSES["computes_in"].format(dtype=output, params=params.removeprefix("torch."))
     return ""
 
 
-def training_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
+def training_cause(results: Sequence[TrainReport], wrapper: DDPWrapper) -> str:
     """The likely cause of a training failure, from every rank's :func:`~.ranks.train` report.
 
     A start that was not broadcast first; then a reduction or a forward
@@ -186,27 +187,27 @@ def training_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> st
     full-batch one at its parameters.
     """
     size, reduction = len(results), wrapper.reduction
-    found = start_cause([r["own"] for r in results], [r.get("start") for r in results]) or precision_cause(
+    found = start_cause([r.own for r in results], [r.start for r in results]) or precision_cause(
         results, wrapper
     )
     if found:
         return found
-    for step in range(len(results[0]["grads"])):
-        observed = [r["grads"][step] for r in results]
-        expected = [r["expected"][step] for r in results]
+    for step in range(len(results[0].grads)):
+        observed = [r.grads[step] for r in results]
+        expected = [r.expected[step] for r in results]
         if any(g is None for g in observed):
             return ""
         if _all_close(observed, expected):
             continue
-        starting = [r["expected"][0] for r in results]
+        starting = [r.expected[0] for r in results]
         if step and _all_close(observed, starting) and not _all_close(expected, starting):
             return CAUSES["stale"].format(step=step + 1)
-        local = [r["locals"][step] for r in results]
+        local = [r.locals[step] for r in results]
         if size >= 2 and _all_close(observed, local) and not _all_close(local, [local[0]] * size):
             return CAUSES["never_reduced"]
         return (
             _reduction_cause(observed, expected, reduction, size)
-            or _plain_cause(observed, expected, local, results[0].get("layout", ()))
+            or _plain_cause(observed, expected, local, results[0].layout)
             or _group_cause(observed, local, reduction)
             or _unobserved_precision(results, observed, expected)
         )
@@ -264,28 +265,28 @@ def _group_cause(observed: Sequence[Any], local: Sequence[Any], reduction: str) 
     return ""
 
 
-def no_sync_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
+def no_sync_cause(results: Sequence[AccumulationReport], wrapper: DDPWrapper) -> str:
     """The likely cause of a no_sync failure, from every rank's :func:`~.ranks.accumulation` report."""
     reduction = wrapper.reduction
     found = precision_cause(results, wrapper)
     if found:
         return found
-    observed = [r.get("grad") for r in results]
+    observed = [r.grad for r in results]
     if any(g is None for g in observed):
         return ""
-    if len(results) >= 2 and _all_close(observed, [r["local_accumulation"] for r in results]):
+    if len(results) >= 2 and _all_close(observed, [r.local_accumulation for r in results]):
         return CAUSES["never_reduced"]
-    if _all_close(observed, [r["last_only"] for r in results]):
+    if _all_close(observed, [r.last_only for r in results]):
         return CAUSES["no_sync_lost"]
-    if _all_close(observed, [r["unreduced_accumulation"] for r in results]):
+    if _all_close(observed, [r.unreduced_accumulation for r in results]):
         return CAUSES["no_sync_unreduced"]
-    expected = [r["expected"] for r in results]
+    expected = [r.expected for r in results]
     return _reduction_cause(observed, expected, reduction, len(results)) or _unobserved_precision(
         results, observed, expected
     )
 
 
-def nested_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
+def nested_cause(results: Sequence[NestedReport], wrapper: DDPWrapper) -> str:
     """The likely cause of a nested-model failure, from every rank's :func:`~.nested.nested_training` report.
 
     A lower precision first (:func:`precision_cause`); else the parameters
@@ -297,10 +298,10 @@ def nested_cause(results: Sequence[dict[str, Any]], wrapper: DDPWrapper) -> str:
     if found or len(results) < 2:
         return found
     got = results[0]
-    names = got["names"]
-    declared = got["reference"][0]
-    other = got["other_first"]
-    mine = got["params"][0]
+    names = got.names
+    declared = got.reference[0]
+    other = got.other_first
+    mine = got.params[0]
     switched = [
         name for name, a, d, o in zip(names, mine, declared, other, strict=True)
         if _close(a, o) and not _close(a, d)

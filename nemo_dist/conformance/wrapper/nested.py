@@ -22,6 +22,7 @@ from torch import nn
 from nemo_dist.conformance.ddp.entry_point import cpu_copy, dtype_of
 from nemo_dist.conformance.ddp.wrapped import backward, held, rank_device, sgd, wrap
 from nemo_dist.conformance.implementation import Implementation
+from nemo_dist.conformance.wrapper.messages import NestedReport
 from nemo_dist.conformance.wrapper.ranks import _loss, _scale, _wrapper
 
 __all__ = ["NESTED_STEPS", "NestedModel", "nested_training"]
@@ -83,7 +84,7 @@ def _one_step_other_reduction(reduction: str, size: int, device: torch.device, d
     return [cpu_copy(p) for p in model.parameters()]
 
 
-def nested_training(impl: Implementation) -> dict[str, Any]:
+def nested_training(impl: Implementation) -> NestedReport:
     """Train :class:`NestedModel` through the wrapper for :data:`NESTED_STEPS` steps; the one-process run beside.
 
     Every rank starts from the same weights; step s's global batch is the
@@ -104,19 +105,23 @@ def nested_training(impl: Implementation) -> dict[str, Any]:
     device, dtype = rank_device(), dtype_of(model)
     reference = _built().to(device, dtype)
     scale = _scale(wrapper.reduction, size)
-    found: dict[str, Any] = {"names": [n for n, _ in wrapped.model.named_parameters()], "params": [], "reference": []}
+    names = [n for n, _ in wrapped.model.named_parameters()]
+    params: list[list[torch.Tensor]] = []
+    references: list[list[torch.Tensor]] = []
+    output_dtype = ""
     for step in range(NESTED_STEPS):
         tokens, shift = _batch(_ROWS * size, step)
         tokens, shift = tokens.to(device), shift.to(device, dtype)
         mine = slice(rank * _ROWS, (rank + 1) * _ROWS)
         out = wrapped.trained(tokens[mine], shift=shift[mine])
-        found["output_dtype"] = str(out.dtype).removeprefix("torch.")
+        output_dtype = str(out.dtype).removeprefix("torch.")
         backward(wrapped, _loss(out))
         sgd(wrapped, _LR)
-        found["params"].append(held(wrapped))
+        params.append(held(wrapped))
         _reference_step(reference, tokens, shift, scale, size)
-        found["reference"].append([cpu_copy(p) for p in reference.parameters()])
-    found["other_first"] = _one_step_other_reduction(wrapper.reduction, size, device, dtype)
-    found["modes"] = getattr(wrapped.model, "modes", model.modes)
-    found["dtype"] = str(dtype)
-    return found
+        references.append([cpu_copy(p) for p in reference.parameters()])
+    return NestedReport(
+        names=names, params=params, reference=references, output_dtype=output_dtype, dtype=str(dtype),
+        other_first=_one_step_other_reduction(wrapper.reduction, size, device, dtype),
+        modes=getattr(wrapped.model, "modes", model.modes),
+    )

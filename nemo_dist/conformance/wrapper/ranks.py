@@ -44,7 +44,13 @@ from nemo_dist.conformance.ddp.wrapped import (
     wrap,
 )
 from nemo_dist.conformance.implementation import Implementation
-from nemo_dist.conformance.wrapper.messages import FirstCall
+from nemo_dist.conformance.wrapper.messages import (
+    AccumulationReport,
+    BufferViews,
+    FirstCall,
+    StartReport,
+    TrainReport,
+)
 from nemo_dist.conformance.wrapper.torch_faults import divide_factor_state
 
 __all__ = [
@@ -136,13 +142,18 @@ def _plain_grads(model: nn.Module, shares: list[tuple[torch.Tensor, float]]) -> 
     return found
 
 
-def _flat(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([cpu_copy(t).reshape(-1).double() for t in tensors])
+
+
+def _flat_grads(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """:func:`_flat` of gradients, None where a parameter has none."""
     if any(t is None for t in tensors):
         return None
-    return torch.cat([cpu_copy(t).reshape(-1).double() for t in tensors if t is not None])
+    return _flat([t for t in tensors if t is not None])
 
 
-def start(impl: Implementation, seed: int) -> dict[str, Any]:
+def start(impl: Implementation, seed: int) -> StartReport:
     """Wrap a model built from ``seed + rank`` (``seed`` under an identical start); its parameters before and after.
 
     After: after one forward without grad.
@@ -157,12 +168,12 @@ def start(impl: Implementation, seed: int) -> dict[str, Any]:
     x = torch.ones(2, IN_FEATURES, dtype=dtype, device=rank_device())
     with torch.no_grad():
         wrapped.trained(x)
-    return {"own": _as(own, dtype), "after": _flat(held(wrapped)), "dtype": str(dtype)}
+    return StartReport(own=_as(own, dtype), after=_flat(held(wrapped)), dtype=str(dtype))
 
 
-def _as(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def _as(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``values`` rounded to ``dtype`` (a wrapper may change the model's), as float64 like every reported tensor."""
-    return None if values is None else values.to(dtype).double()
+    return values.to(dtype).double()
 
 
 def _copy_of(wrapped: Wrapped, seed: int, kind: str, dtype: torch.dtype) -> nn.Module:
@@ -174,23 +185,12 @@ def _copy_of(wrapped: Wrapped, seed: int, kind: str, dtype: torch.dtype) -> nn.M
     return copy
 
 
-def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor, steps: int) -> dict[str, Any]:
+def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor, steps: int) -> TrainReport:
     """Train ``steps`` SGD steps through the wrapper, ranks starting from ``seed + rank``; the reference beside.
 
-    Under a declared identical start every rank starts from ``seed``.
-
-    Returns this rank's own initial weights (``own``, rounded to the
-    wrapped model's dtype), the parameters after
-    the first forward (``start``) and after each step (``params``; each
-    flattened: weight rows then bias), the dtype, and per step the gradient
-    the wrapper left (``grads``) beside two computed in this process from
-    the same parameters: this rank's own local gradient (``locals``) and the
-    full-batch one under the declared reduction (``expected``). ``reference``
-    is the full-batch run from rank 0's weights (parameters per step).
-    ``layout`` is ``(name, numel, is a DTensor)`` per parameter, in the flattened order;
-    ``output_dtype`` the dtype of the first forward's output (a wrapper
-    computing in a lower precision returns it in that), and ``reduced`` the
-    gradient reductions of the first backward, ``(event, dtype)`` (:func:`reductions`).
+    Under a declared identical start every rank starts from ``seed``. ``own`` is rounded to the wrapped model's
+    dtype; ``output_dtype`` and ``reduced`` are the first step's (a wrapper computing in a lower precision returns
+    its output in that).
     """
     wrapper = _wrapper(impl)
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -202,61 +202,60 @@ def train(impl: Implementation, seed: int, kind: str, global_batch: torch.Tensor
     x = _rows(data, rank, size)
     scale = _scale(wrapper.reduction, size)
     shares = [(_rows(data, r, size), scale) for r in range(size)]
-    found: dict[str, Any] = {
-        "own": _as(own, dtype), "dtype": str(dtype), "params": [], "grads": [], "locals": [], "expected": [],
-        "layout": [(name, p.numel(), is_sharded([p])) for name, p in model.named_parameters()],
-        "divide_factors": divide_factor_state(wrapped.model),
-    }
+    layout = [(name, p.numel(), is_sharded([p])) for name, p in model.named_parameters()]
+    factors = divide_factor_state(wrapped.model)
+    first: torch.Tensor | None = None
+    output_dtype, reduced = "", []
+    params: list[torch.Tensor] = []
+    grads: list[torch.Tensor | None] = []
+    locals_: list[torch.Tensor] = []
+    expected: list[torch.Tensor] = []
     for step in range(steps):
         out = wrapped.trained(x)
         if step == 0:
-            found["start"] = _flat(held(wrapped))
-            found["output_dtype"] = str(out.dtype).removeprefix("torch.")
-            with reductions() as found["reduced"]:
+            first = _flat(held(wrapped))
+            output_dtype = str(out.dtype).removeprefix("torch.")
+            with reductions() as reduced:
                 backward(wrapped, _loss(out))
         else:
             backward(wrapped, _loss(out))
-        found["grads"].append(_flat(gradient_copies(wrapped)))
+        grads.append(_flat_grads(gradient_copies(wrapped)))
         now = _copy_of(wrapped, seed, kind, dtype)
-        found["locals"].append(_flat(_plain_grads(now, [(x, 1.0)])))
-        found["expected"].append(_flat(_plain_grads(now, shares)))
+        locals_.append(_flat(_plain_grads(now, [(x, 1.0)])))
+        expected.append(_flat(_plain_grads(now, shares)))
         sgd(wrapped, LR)
-        found["params"].append(_flat(held(wrapped)))
+        params.append(_flat(held(wrapped)))
     reference = Linear(seed, kind).to(device, dtype)
-    found["reference"] = []
+    references: list[torch.Tensor] = []
     for _ in range(steps):
-        grads = _plain_grads(reference, shares)
+        step_grads = _plain_grads(reference, shares)
         with torch.no_grad():
-            for p, g in zip(reference.parameters(), grads, strict=True):
+            for p, g in zip(reference.parameters(), step_grads, strict=True):
                 p.sub_(LR * g.to(device))
-        found["reference"].append(_flat(params_of(reference)))
-    return found
+        references.append(_flat(params_of(reference)))
+    return TrainReport(
+        own=_as(own, dtype), start=first, dtype=str(dtype), output_dtype=output_dtype, reduced=reduced,
+        divide_factors=factors, params=params, grads=grads, locals=locals_,
+        expected=expected, reference=references, layout=layout,
+    )
 
 
-def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor) -> dict[str, Any]:
+def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor) -> AccumulationReport:
     """Accumulate micro-batches without syncing, then one synced; the gradient that leaves, and the candidates.
 
     ``micro`` is ``[M, W * rows, IN_FEATURES]``: micro-batch m of rank r is
     its rows of ``micro[m]``. The first M - 1 backward passes run inside
     ``no_sync()`` (or with ``set_requires_gradient_sync(False)``), the last
-    outside it, after one synced step that updates nothing. Returns ``{"offered": None}`` when the wrapper offers
-    neither; else the gradient the wrapper left (``grad``), the one big step
-    it must equal (``expected``: every micro-batch of every rank, reduced as
-    declared), the reduced gradient of the synced micro-batch alone
-    (``last_only``), the local accumulation plus the reduced last
-    micro-batch (``unreduced_accumulation``) and this rank's accumulation
-    with no reduction at all (``local_accumulation``), and the gradient
-    reductions the backend ran during the unsynced micro-batches
-    (``unsynced_reductions``: :func:`reductions`) and during the synced one
-    (``reduced``), and the dtype of the last forward's output
-    (``output_dtype``). Every rank starts from ``seed``.
+    outside it, after one synced step that updates nothing; ``reduced`` and
+    ``output_dtype`` are the synced one's. The report's ``offered`` is None when
+    the wrapper offers neither. Every rank starts from ``seed``.
     """
     wrapper = _wrapper(impl)
     rank, size = dist.get_rank(), dist.get_world_size()
     wrapped = wrap(wrapper, Linear(seed, kind))
     context = accumulating(wrapped)
     if context is None:
-        return {"offered": None}
+        return AccumulationReport()
     model = wrapped.model
     dtype, device = dtype_of(model), rank_device()
     batches = [micro[m].to(device, dtype) for m in range(micro.shape[0])]
@@ -275,23 +274,21 @@ def accumulation(impl: Implementation, seed: int, kind: str, micro: torch.Tensor
             out = wrapped.trained(x)
             with reductions() as synced:
                 backward(wrapped, _loss(out))
-    found: dict[str, Any] = {
-        "offered": _context_name(context), "dtype": str(dtype), "unsynced_reductions": unsynced, "reduced": synced,
-        "output_dtype": str(out.dtype).removeprefix("torch."), "divide_factors": divide_factor_state(model),
-    }
-    found["grad"] = _flat(gradient_copies(wrapped))
+    grad = _flat_grads(gradient_copies(wrapped))
     clear(wrapped)
     reference = Linear(seed, kind).to(device, dtype)
     scale = _scale(wrapper.reduction, size)
     reduced = [(_rows(data, r, size), scale) for data in batches for r in range(size)]
-    found["expected"] = _flat(_plain_grads(reference, reduced))
     last = [(_rows(batches[-1], r, size), scale) for r in range(size)]
-    found["last_only"] = _flat(_plain_grads(reference, last))
     own_earlier = [(_rows(data, rank, size), 1.0) for data in batches[:-1]]
-    found["unreduced_accumulation"] = _flat(_plain_grads(reference, own_earlier + last))
     own_last = [(_rows(batches[-1], rank, size), 1.0)]
-    found["local_accumulation"] = _flat(_plain_grads(reference, own_earlier + own_last))
-    return found
+    return AccumulationReport(
+        offered=_context_name(context), dtype=str(dtype), output_dtype=str(out.dtype).removeprefix("torch."),
+        reduced=synced, divide_factors=divide_factor_state(model), unsynced_reductions=unsynced, grad=grad,
+        expected=_flat(_plain_grads(reference, reduced)), last_only=_flat(_plain_grads(reference, last)),
+        unreduced_accumulation=_flat(_plain_grads(reference, own_earlier + last)),
+        local_accumulation=_flat(_plain_grads(reference, own_earlier + own_last)),
+    )
 
 
 #: Backend-level collective names (the profiler's ``gloo:`` and ``nccl:`` events, one per collective) that reduce.
@@ -328,7 +325,7 @@ def reductions() -> Iterator[list[tuple[str, str]]]:
             found.append((event.name, _PROFILED_DTYPES.get(dtypes[0], dtypes[0]) if dtypes else ""))
 
 
-def buffer_views(impl: Implementation) -> dict[str, Any]:
+def buffer_views(impl: Implementation) -> BufferViews:
     """The buffer each forward saw: set to the rank before wrapping, to rank + 10 before the second step.
 
     Trains two steps of a float64 linear layer whose ``offset`` buffer its
@@ -347,7 +344,7 @@ def buffer_views(impl: Implementation) -> dict[str, Any]:
             model.offset.fill_(value)
         backward(wrapped, _loss(wrapped.trained(x)))
         sgd(wrapped, LR)
-    return {"seen": [float(seen.reshape(-1)[0]) for seen in model.seen]}
+    return BufferViews([float(seen.reshape(-1)[0]) for seen in model.seen])
 
 
 def _raised(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from nemo_dist.conformance.ddp.sharded import shards
+from nemo_dist.conformance.wrapper.messages import Stepped
 
 __all__ = ["DOUBLE_DIVIDE", "divide_factor_state", "double_divide", "probe"]
 
@@ -87,14 +88,14 @@ def probe(mesh_shape: tuple[int, int] | None, factor: float) -> dict[str, float]
 
 
 def double_divide(
-    run: Callable[..., list[Any]], results: Sequence[dict[str, Any]], mesh_shape: tuple[int, int] | None,
+    run: Callable[..., list[Any]], results: Sequence[Stepped], mesh_shape: tuple[int, int] | None,
     observed: Sequence[Any], expected: Sequence[Any],
 ) -> str:
     """:data:`DOUBLE_DIVIDE` where every rank's ``observed`` gradient is its ``expected`` one divided by the factor
     the wrapper set, its dtype is float64 or float16, a shard group has one rank, and :func:`probe` (through
     ``run``, the world's) shows torch alone dividing twice in float64 and not in float32; else ""."""
-    state = results[0].get("divide_factors") or {}
-    factors, dtype = state.get("factors") or [], str(results[0].get("dtype", ""))
+    state = results[0].divide_factors
+    factors, dtype = state.get("factors") or [], results[0].dtype
     if len(factors) != 1 or state.get("min_shard") != 1 or dtype not in _DIVIDED_TWICE:
         return ""
     factor = factors[0]
