@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.testing import RankFailure
 
 __all__ = ["TargetRaised", "run_once", "run_reports"]
+
+#: A rank's report of one run (a dict, or a suite's typed message).
+Report = TypeVar("Report")
 
 
 class TargetRaised(Exception):
@@ -28,9 +31,7 @@ class TargetRaised(Exception):
 _RAISED = re.compile(r"^rank \d+ raised (?:[\w.]+\.)?TargetRaised: (?P<where>[^:]+): (?P<error>.*)$")
 
 
-def run_once(
-    runs: dict[Any, dict[str, Any] | TargetRaised], key: Any, make: Callable[[], dict[str, Any]]
-) -> dict[str, Any]:
+def run_once(runs: dict[Any, Report | TargetRaised], key: Any, make: Callable[[], Report]) -> Report:
     """The report ``make()`` gives for ``key``, made once and kept in ``runs``; a :class:`TargetRaised` it raised
     is kept too, and raised again on every later call."""
     if key not in runs:
@@ -45,8 +46,8 @@ def run_once(
 
 
 def run_reports(
-    world: WorldLike, fn: Callable[..., dict[str, Any]], *args: Any, error_fields: Mapping[str, Any] | None = None
-) -> list[dict[str, Any]]:
+    world: WorldLike, fn: Callable[..., Report], *args: Any, error_fields: Mapping[str, Any] | None = None
+) -> list[Report | dict[str, Any]]:
     """Every rank's ``fn(*args)`` (a rank function raising :class:`TargetRaised`); a rank where the target raised
     reports ``{"error", "where", "traceback"}`` and ``error_fields``. A target that raised on some ranks while
     others waited for it is the harness's ``RankFailure`` (the exception, and where the others were stuck), raised
@@ -54,7 +55,7 @@ def run_reports(
     try:
         return world.run(fn, *args)
     except RankFailure as exc:
-        found: list[dict[str, Any]] = []
+        found: list[Report | dict[str, Any]] = []
         for rank in range(world.size):
             text = exc.failures.get(rank, "")
             raised = _RAISED.match(text.splitlines()[0]) if text else None

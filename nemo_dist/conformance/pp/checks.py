@@ -38,6 +38,7 @@ from nemo_dist.conformance.pp.causes import (
     exact_factor,
     pp_check,
 )
+from nemo_dist.conformance.pp.messages import PipelineRun
 from nemo_dist.conformance.registry import WorldLike, failure, thorough
 from nemo_dist.conformance.target_raised import run_reports as rank_reports
 
@@ -69,11 +70,16 @@ def _describe(schedule: str | None, size: int, microbatches: int) -> str:
             f"{'es' if microbatches != 1 else ''}")
 
 
-def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's :func:`~.ranks.run` of ``spec``; a rank where the target raised reports ``{"error", "where",
-    "traceback"}`` (:func:`~nemo_dist.conformance.target_raised.run_reports`: a raise on some ranks only is the
-    harness's ``RankFailure``, never a hang)."""
+def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[PipelineRun | dict[str, Any]]:
+    """Every rank's :func:`~.ranks.run` of ``spec``; a rank where the target raised reports the dict ``{"error",
+    "where", "traceback"}`` instead (:func:`~nemo_dist.conformance.target_raised.run_reports`: a raise on some ranks
+    only is the harness's ``RankFailure``, never a hang)."""
     return rank_reports(world, ranks.run, impl, spec)
+
+
+def _raised(found: list[PipelineRun | dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """``(rank, {"error", "where", "traceback"})`` of every rank whose target raised."""
+    return [(rank, r) for rank, r in enumerate(found) if isinstance(r, dict)]
 
 
 def matrix(size: int, impl: Implementation) -> list[tuple[str | None, int]]:
@@ -85,7 +91,7 @@ def matrix(size: int, impl: Implementation) -> list[tuple[str | None, int]]:
     return [(schedules[(size - 2) % len(schedules)], size)]
 
 
-def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[dict[str, Any]]]]:
+def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[PipelineRun]]]:
     """``(label, reports)`` of every schedule and microbatch count this world runs (see the module docstring);
     a target that raised is a failure naming its error and ranks; NotApplicable when every count is refused."""
     runs, refused = [], []
@@ -94,9 +100,9 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[dic
         steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
         spec = {"microbatches": microbatches, "schedule": schedule, "steps": steps}
         found = run_reports(world, impl, spec)
-        raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]
+        raised = _raised(found)
         if not raised:
-            runs.append((where, found))
+            runs.append((where, [r for r in found if isinstance(r, PipelineRun)]))
             continue
         first = raised[0][1]
         same = {(r["where"], r["error"]) for _, r in raised} == {(ranks.BUILDING, first["error"])}
@@ -126,8 +132,8 @@ def _close(pair: Any, tolerance: float) -> bool:
     return pair is not None and pair[0] <= tolerance * pair[1]
 
 
-def _sizes(report: dict[str, Any]) -> dict[str, float]:
-    m, tokens = report["microbatches"], report["tokens"]
+def _sizes(report: PipelineRun) -> dict[str, float]:
+    m, tokens = report.microbatches, report.tokens
     return {"M": m, "1/M": 1 / m, "tokens": tokens, "tokens/M": tokens / m}
 
 
@@ -137,11 +143,11 @@ def stages_hold_every_parameter_once(world: WorldLike, impl: Implementation) -> 
     for where, found in each_run(world, impl):
         held: dict[str | None, list[str]] = {}
         for rank, report in enumerate(found):
-            for index, name, known in report["held"]:
+            for index, name, known in report.held:
                 held.setdefault(known, []).append(f"stage {index} (rank {rank}) as {name}")
         unknown = held.pop(None, [])
         assert not unknown, f"{where}: stages hold parameters that are not the model's: {', '.join(unknown)}"
-        missing = [name for name in found[0]["names"] if name not in held]
+        missing = [name for name in found[0].names if name not in held]
         if missing:
             raise failure(f"{where}: no stage holds {', '.join(missing)}", DROPPED.format(layers=_layers(missing)))
         twice = {str(name): places for name, places in held.items() if len(places) > 1}
@@ -162,18 +168,17 @@ def loss_equals_one_process(world: WorldLike, impl: Implementation) -> None:
     """The loss the last stage reports (microbatch means averaged, or token sums over the label tokens) equals one
     process's mean over the whole batch."""
     for where, found in each_run(world, impl):
-        reported = [(rank, r) for rank, r in enumerate(found) if r["loss"] is not None]
+        reported = [(rank, r, r.loss) for rank, r in enumerate(found) if r.loss is not None]
         assert reported, f"{where}: no rank reports a loss (the last stage's schedule.step filled no losses list)"
-        for rank, report in reported:
-            got, want = report["loss"]
-            if abs(got - want) <= report["tolerance"] * max(1.0, abs(want)):
+        for rank, report, (got, want) in reported:
+            if abs(got - want) <= report.tolerance * max(1.0, abs(want)):
                 continue
             message = f"{where}, rank {rank}: the loss is {got!r}, one process's {want!r}"
-            variant = (report.get("norm_twice") or {}).get("loss")
-            if variant is not None and abs(got - variant) <= report["tolerance"] * max(1.0, abs(variant)):
+            variant = report.norm_twice.loss if report.norm_twice is not None else None
+            if variant is not None and abs(got - variant) <= report.tolerance * max(1.0, abs(variant)):
                 raise failure(message, NORM_TWICE.format(what="the loss is"))
             ratio = got / want if want else float("nan")
-            factor = exact_factor([(ratio, 0.0)], _sizes(report), report["tolerance"])
+            factor = exact_factor([(ratio, 0.0)], _sizes(report), report.tolerance)
             raise failure(message, cause_of(factor, "the loss is", _sizes(report))) if factor else AssertionError(
                 message)
 
@@ -184,16 +189,18 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
     ``token_sum``, divided by the batch's label tokens)."""
     for where, found in each_run(world, impl):
         for rank, report in enumerate(found):
-            grads = report["grads"]
+            grads = report.grads
             missing = [name for name, pair in grads.items() if pair is None]
             if missing:
-                stages = sorted({i for i, _, known in report["held"] if known in missing})
-                whole = [i for i in stages if all(grads.get(k) is None for j, _, k in report["held"] if j == i)]
+                stages = sorted({i for i, _, known in report.held if known in missing})
+                whole = [i for i in stages
+                         if all(k is None or grads.get(k) is None for j, _, k in report.held if j == i)]
                 message = f"{where}, rank {rank}: no gradient for {', '.join(missing)}"
                 if whole and whole == stages:
                     raise failure(message, DETACHED.format(stages=", ".join(map(str, whole))))
                 raise AssertionError(message)
-            wrong = {name: pair for name, pair in grads.items() if not _close(pair, report["tolerance"])}
+            wrong = {name: pair for name, pair in grads.items()
+                     if pair is not None and not _close(pair, report.tolerance)}
             if not wrong:
                 continue
             lines = "\n".join(f"  {name}: off by {pair[0]:.3g} ({pair[2]:.6g} times one process's)"
@@ -201,7 +208,7 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
             message = f"{where}, rank {rank}: gradients differ from one process's:\n{lines}"
             if _norm_twice_explains(found):
                 raise failure(message, NORM_TWICE.format(what="every gradient is"))
-            factor = exact_factor([(pair[2], pair[3]) for pair in wrong.values()], _sizes(report), report["tolerance"])
+            factor = exact_factor([(pair[2], pair[3]) for pair in wrong.values()], _sizes(report), report.tolerance)
             if factor:
                 raise failure(message, cause_of(factor, "gradients", _sizes(report)))
             raise AssertionError(message)
@@ -213,26 +220,26 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     process's."""
     for where, found in each_run(world, impl):
         for rank, report in enumerate(found):
-            allowed = max(PARAMETER_TOLERANCE, report["tolerance"])
-            wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report["params"].items()
+            allowed = max(PARAMETER_TOLERANCE, report.tolerance)
+            wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report.params.items()
                      if pair is not None and not _close(pair, allowed)]
             if not wrong:
                 continue
-            message = (f"{where}, rank {rank}: after {' and '.join(report['steps'])} steps the parameters differ from "
+            message = (f"{where}, rank {rank}: after {' and '.join(report.steps)} steps the parameters differ from "
                        "one process's:\n" + "\n".join(wrong))
             if _norm_twice_explains(found):
                 raise failure(message, NORM_TWICE.format(what="every gradient of the first step is"))
-            carried: list[tuple[float, float]] = [f["carried"] for f in found if f.get("carried") is not None]
-            if len(carried) == len(found) and all(abs(c) > 1e-9 and left <= report["tolerance"] for c, left in carried):
+            carried = [f.carried for f in found if f.carried is not None]
+            if len(carried) == len(found) and all(abs(c) > 1e-9 and left <= report.tolerance for c, left in carried):
                 raise failure(message, NEVER_ZEROED.format(c=carried[0][0]))
             raise AssertionError(message)
 
 
-def _norm_twice_explains(found: list[dict[str, Any]]) -> bool:
+def _norm_twice_explains(found: list[PipelineRun]) -> bool:
     """Whether every rank's gradients equal one process's with the final norm applied twice (the suite's model)."""
-    variants: list[dict[str, Any]] = [f["norm_twice"] for f in found if f.get("norm_twice")]
-    return len(variants) == len(found) and all(v["grads"] for v in variants) and all(
-        _close(pair, f["tolerance"]) for f, v in zip(found, variants, strict=True) for pair in v["grads"].values())
+    variants = [f.norm_twice for f in found if f.norm_twice is not None]
+    return len(variants) == len(found) and all(v.grads for v in variants) and all(
+        _close(pair, f.tolerance) for f, v in zip(found, variants, strict=True) for pair in v.grads.values())
 
 
 def _float64(values: Any) -> torch.Tensor:
@@ -249,16 +256,17 @@ def tied_weights_summed_or_refused(world: WorldLike, impl: Implementation) -> No
     where = _describe(schedule, world.size, world.size) + ", the head tied to the embedding"
     steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
     spec = {"microbatches": world.size, "schedule": schedule, "steps": steps, "tied": True}
-    found = run_reports(world, impl, spec)
-    raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]
+    reports = run_reports(world, impl, spec)
+    raised = _raised(reports)
     if raised:
         if len(raised) == world.size and all(r["where"] == ranks.BUILDING for _, r in raised):
             return  # refused on every rank before any step: what a pipeline that cannot keep copies in sync does
         errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
         raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}")
-    tolerance = found[0]["tolerance"]
-    copies = [(rank, index, name, grad) for rank, r in enumerate(found) for index, name, grad in r["copies"]]
-    for name, want_list in found[0]["want_copies"].items():
+    found = [r for r in reports if isinstance(r, PipelineRun)]
+    tolerance = found[0].tolerance
+    copies = [(rank, index, name, grad) for rank, r in enumerate(found) for index, name, grad in r.copies]
+    for name, want_list in found[0].want_copies.items():
         want = _float64(want_list)
         mine = [(rank, index, grad) for rank, index, known, grad in copies if known == name]
         scale = max(1.0, want.abs().max().item())
@@ -276,7 +284,7 @@ def tied_weights_summed_or_refused(world: WorldLike, impl: Implementation) -> No
         raise AssertionError(message)
     for rank, report in enumerate(found):
         allowed = max(PARAMETER_TOLERANCE, tolerance)
-        drifted = [f"{label} off by {pair[0]:.3g}" for label, pair in report["params"].items()
+        drifted = [f"{label} off by {pair[0]:.3g}" for label, pair in report.params.items()
                    if "copy" in label and pair is not None and not _close(pair, allowed)]
         assert not drifted, f"{where}, rank {rank}: after the steps the tied copies differ from one process's: " + (
             ", ".join(drifted))

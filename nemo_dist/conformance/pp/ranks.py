@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.pp import target
+from nemo_dist.conformance.pp.messages import NormTwice, PipelineRun
 from nemo_dist.conformance.pp.models import TinyPipelineLM
 from nemo_dist.conformance.target_raised import TargetRaised, run_once
 
@@ -37,7 +38,7 @@ _SEQ = 6
 _ROWS_PER_MICROBATCH = 2
 #: Where a target that raised did so while building its pipeline (a refusal, when every rank raised there).
 BUILDING = "building the pipeline"
-_RUNS: dict[Any, dict[str, Any] | TargetRaised] = {}
+_RUNS: dict[Any, PipelineRun | TargetRaised] = {}
 _MESHES: dict[Any, Any] = {}
 
 
@@ -97,12 +98,12 @@ def _optimizer(kind: str, params: list[Any]) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=0.01, foreach=False)
 
 
-def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
+def run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
     """Build and step as ``spec`` says (microbatches, schedule, steps); the report described above, cached."""
     return run_once(_RUNS, (impl, tuple(sorted((k, str(v)) for k, v in spec.items()))), lambda: _run(impl, spec))
 
 
-def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
+def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
     model, vocab = target.build_model(impl, SEED, tied=bool(spec.get("tied")))
     one = copy.deepcopy(model)
@@ -119,11 +120,10 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
         steps = [kind for kind, count in spec["steps"] for _ in range(count)]
         optimizers = {kind: (_optimizer(kind, params), _optimizer(kind, list(reference.values())))
                       for kind in set(steps)}
-        report: dict[str, Any] = {
-            "held": [(index, name, known) for index, name, known, _ in held], "stages": [s.stage_index for s in stages],
-            "microbatches": microbatches, "tokens": tokens, "loss": None, "grads": {}, "params": {},
-            "names": list(reference), "tolerance": target.tolerance(impl),
-        }
+        report = PipelineRun(
+            held=[(index, name, known) for index, name, known, _ in held], stages=[s.stage_index for s in stages],
+            microbatches=microbatches, tokens=tokens, names=list(reference), tolerance=target.tolerance(impl),
+        )
         first: dict[str, torch.Tensor] = {}
         for step, kind in enumerate(steps):
             where = f"in step {step + 1} (schedule.step)"
@@ -134,40 +134,39 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
             want = F.cross_entropy(target.logits(one(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
             want.backward()
             if step == 1:
-                report["carried"] = _carried(held, reference, first)
+                report.carried = _carried(held, reference, first)
             if step == 0:
                 first = {k: _grad_of(reference[k]).clone() for _, _, k, _ in held if k}
                 if last and losses:
                     got = torch.stack([loss.detach() for loss in losses]).sum().item()
-                    report["loss"] = (got / tokens if summed else got / len(losses), want.item())
-                report["grads"] = {_label(i, n, k, tied): _gradient(p, reference.get(k or "")) for i, n, k, p in held}
-                report["copies"] = [(i, k, None if p.grad is None else p.grad.detach().tolist())
-                                    for i, _, k, p in held if k in tied]
-                report["want_copies"] = {k: _grad_of(reference[k]).tolist() for k in tied}
+                    report.loss = (got / tokens if summed else got / len(losses), want.item())
+                report.grads = {_label(i, n, k, tied): _gradient(p, reference.get(k or "")) for i, n, k, p in held}
+                report.copies = [(i, k, None if p.grad is None else p.grad.detach().tolist())
+                                 for i, _, k, p in held if k in tied]
+                report.want_copies = {k: _grad_of(reference[k]).tolist() for k in tied}
                 if isinstance(one, TinyPipelineLM) and one.norm is not None and _first_step_off(report):
-                    report["norm_twice"] = _norm_twice(one, ids, labels, held, report)
+                    report.norm_twice = _norm_twice(one, ids, labels, held, report)
             where = f"in optimizer step {step + 1} ({kind})"
             for optimizer in optimizers[kind]:
                 optimizer.step()
-        report["params"] = {_label(i, n, k, tied): difference(p.detach(), reference[k].detach()) if k else None
-                            for i, n, k, p in held}
-        report["steps"] = steps
+        report.params = {_label(i, n, k, tied): difference(p.detach(), reference[k].detach()) if k else None
+                         for i, n, k, p in held}
+        report.steps = steps
         return report
     except Exception as exc:  # the parent judges a raising target (checks.run_reports)
         raise TargetRaised(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
-def _first_step_off(report: dict[str, Any]) -> bool:
+def _first_step_off(report: PipelineRun) -> bool:
     """Whether this rank's first-step loss or some gradient it holds differs from one process's (only then is a
     known bug worth re-running)."""
-    tolerance = report["tolerance"]
-    loss = report["loss"]
+    tolerance, loss = report.tolerance, report.loss
     return (loss is not None and abs(loss[0] - loss[1]) > tolerance * max(1.0, abs(loss[1]))) or any(
-        pair is None or pair[0] > tolerance * pair[1] for pair in report["grads"].values())
+        pair is None or pair[0] > tolerance * pair[1] for pair in report.grads.values())
 
 
 def _norm_twice(one: TinyPipelineLM, ids: torch.Tensor, labels: torch.Tensor,
-                held: list[tuple[int, str, str | None, Any]], report: dict[str, Any]) -> dict[str, Any]:
+                held: list[tuple[int, str, str | None, Any]], report: PipelineRun) -> NormTwice:
     """One process (a copy of ``one``, before its first optimizer step) with its final norm applied twice, against
     this rank's first step: ``loss`` (the variant's, where this rank reports one) and ``grads`` (each held
     parameter's gradient against the variant's, as :func:`difference`). Run only where the first step is off."""
@@ -181,7 +180,7 @@ def _norm_twice(one: TinyPipelineLM, ids: torch.Tensor, labels: torch.Tensor,
     variant = dict(model.named_parameters())
     grads = {_label(i, n, k): difference(_grad_of(p), _grad_of(variant[k])) for i, n, k, p in held
              if k and k in variant}
-    return {"loss": loss.item() if report["loss"] is not None else None, "grads": grads}
+    return NormTwice(loss=loss.item() if report.loss is not None else None, grads=grads)
 
 
 def _carried(
