@@ -28,6 +28,7 @@ from nemo_dist.conformance.registry import WorldLike, thorough
 from nemo_dist.conformance.target_raised import run_reports as rank_reports
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC, failure, tp_check
+from nemo_dist.conformance.tp.messages import TPRun, UnbuiltModel
 from nemo_dist.conformance.tp.target import OWN_MODELS, model_names
 
 __all__ = [
@@ -66,20 +67,23 @@ def splits(world_size: int, model: str) -> bool:
     return ":" in model or KV_HEADS % world_size == 0
 
 
-def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's report of :func:`~.ranks.run` of ``spec``; a rank where the target raised reports
+def run_reports(
+    world: WorldLike, impl: Implementation, spec: dict[str, Any]
+) -> list[TPRun | UnbuiltModel | dict[str, Any]]:
+    """Every rank's report of :func:`~.ranks.run` of ``spec``; a rank where the target raised reports the dict
     ``{"error", "where", "traceback", "tp", "dp"}`` (:func:`~nemo_dist.conformance.target_raised.run_reports`:
     a raise on some ranks only is the harness's ``RankFailure``, never a hang)."""
     dp = spec.get("dp", 1)
     return rank_reports(world, ranks.run, impl, spec, error_fields={"tp": world.size // dp, "dp": dp})
 
 
-def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec: Any) -> list[dict[str, Any]]:
+def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec: Any) -> list[TPRun]:
     """Every rank's report of one run; a target that raised on any rank is a failure naming it and its error."""
     found = run_reports(world, impl, {"model": model, "sp": sp, **spec})
-    if any("unbuilt" in r for r in found):
-        raise Unbuilt(f"{model} does not build from the suite's tiny config: {found[0].get('unbuilt')}")
-    raised = [(rank, r) for rank, r in enumerate(found) if "error" in r]
+    unbuilt = [r for r in found if isinstance(r, UnbuiltModel)]
+    if unbuilt:
+        raise Unbuilt(f"{model} does not build from the suite's tiny config: {unbuilt[0].unbuilt}")
+    raised = [(rank, r) for rank, r in enumerate(found) if isinstance(r, dict)]
     if raised:
         first = raised[0][1]
         where = label(model, sp, spec.get("dp", 1))
@@ -88,7 +92,18 @@ def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec
             f"{', '.join(str(r) for r, _ in raised)} of {len(found)}: {first['error']}\n{first['traceback']}",
             f"the plan fails at tensor-parallel size {first['tp']}: {first['error'].splitlines()[0]}",
         )
-    return found
+    return [r for r in found if isinstance(r, TPRun)]
+
+
+def raised_and_runs(
+    found: list[TPRun | UnbuiltModel | dict[str, Any]], model: str
+) -> tuple[dict[int, dict[str, Any]], list[TPRun]]:
+    """The error reports of :func:`run_reports` by rank, and the runs of the other ranks, for a check that accepts
+    a refusal; a model the suite's tiny config does not build is not applicable, as :func:`each_run` says."""
+    unbuilt = [r for r in found if isinstance(r, UnbuiltModel)]
+    if unbuilt:
+        raise NotApplicable(f"{model} does not build from the suite's tiny config: {unbuilt[0].unbuilt}")
+    return {rank: r for rank, r in enumerate(found) if isinstance(r, dict)}, [r for r in found if isinstance(r, TPRun)]
 
 
 class Unbuilt(Exception):
@@ -112,7 +127,7 @@ def matrix(world_size: int, impl: Implementation, *, only: tuple[str, bool] | No
     return [(m, v) for m, v in [*own, *others] if m in model_names(impl) and splits(world_size, m)]
 
 
-def each_run(world: WorldLike, impl: Implementation, **spec: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+def each_run(world: WorldLike, impl: Implementation, **spec: Any) -> list[tuple[str, list[TPRun]]]:
     """(label, reports) for every pair of :func:`matrix`, each one run with :data:`STEPS` (:data:`SAMPLED_STEPS` in
     a sampled world), shared by the checks; NotApplicable when no model splits over this world."""
     runs, unbuilt = [], []
@@ -137,14 +152,14 @@ def _close(pair: tuple[float, ...], tolerance: float) -> bool:
     return diff <= tolerance * scale
 
 
-def off_gradients(report: dict[str, Any]) -> list[str]:
+def off_gradients(report: TPRun) -> list[str]:
     """The parameters whose full gradient is missing or off the unsharded one by more than the report's tolerance."""
-    return [name for name, pair in report["grads"].items() if pair is None or not _close(pair, report["tolerance"])]
+    return [name for name, pair in report.grads.items() if pair is None or not _close(pair, report.tolerance)]
 
 
-def _replicated(report: dict[str, Any], name: str) -> bool:
+def _replicated(report: TPRun, name: str) -> bool:
     """Whether a parameter is whole on every tensor-parallel rank (plain, or Replicate on the tp dim)."""
-    return ranks.tp_replicated(report["placements"][name])
+    return ranks.tp_replicated(report.placements[name])
 
 
 @tp_check("tp.forward_equals_unsharded")
@@ -153,18 +168,18 @@ def forward_equals_unsharded(world: WorldLike, impl: Implementation) -> None:
     for where, found in each_run(world, impl):
         groups: dict[int, set[str]] = {}
         for rank, report in enumerate(found):
-            groups.setdefault(rank // report["tp"], set()).add(report["logits_digest"])
+            groups.setdefault(rank // report.tp, set()).add(report.logits_digest)
         for rank, report in enumerate(found):
-            tol = report["tolerance"]
-            if not _close(report["logits"], tol) and len(groups[rank // report["tp"]]) > 1:
+            tol = report.tolerance
+            if not _close(report.logits, tol) and len(groups[rank // report.tp]) > 1:
                 raise failure(
-                    f"{where}: the ranks of tensor-parallel group {rank // report['tp']} return different logits; "
-                    f"rank {rank}'s differ from the unsharded model's by {report['logits'][0]:.3g}",
+                    f"{where}: the ranks of tensor-parallel group {rank // report.tp} return different logits; "
+                    f"rank {rank}'s differ from the unsharded model's by {report.logits[0]:.3g}",
                     RANKS_DISAGREE,
                 )
-            assert _close(report["logits"], tol), (
-                f"{where}, rank {rank}: logits ({report['logits_form']}) differ from the unsharded model's by "
-                f"{report['logits'][0]:.3g} (tolerance {tol:g} x {report['logits'][1]:.3g})"
+            assert _close(report.logits, tol), (
+                f"{where}, rank {rank}: logits ({report.logits_form}) differ from the unsharded model's by "
+                f"{report.logits[0]:.3g} (tolerance {tol:g} x {report.logits[1]:.3g})"
             )
 
 
@@ -173,19 +188,19 @@ def gradients_equal_unsharded(world: WorldLike, impl: Implementation) -> None:
     """Every parameter's full gradient, replicated norms included, equals the unsharded model's after backward."""
     for where, found in each_run(world, impl):
         for rank, report in enumerate(found):
-            tol = report["tolerance"]
-            missing = [name for name, pair in report["grads"].items() if pair is None]
+            tol = report.tolerance
+            missing = [name for name, pair in report.grads.items() if pair is None]
             assert not missing, f"{where}, rank {rank}: no gradient for {', '.join(missing)}"
-            wrong = {name: pair for name, pair in report["grads"].items() if not _close(pair, tol)}
+            wrong = {name: pair for name, pair in report.grads.items() if pair is not None and not _close(pair, tol)}
             if not wrong:
                 continue
             lines = "\n".join(
-                f"  {name} {report['placements'][name]['placements'] or 'plain'}: off by {pair[0]:.3g} "
+                f"  {name} {report.placements[name].placements or 'plain'}: off by {pair[0]:.3g} "
                 f"({pair[2]:.4g} times the unsharded gradient)"
                 for name, pair in wrong.items()
             )
             message = f"{where}, rank {rank}: full gradients differ from the unsharded model's:\n{lines}"
-            size = report["tp"]
+            size = report.tp
             if all(abs(pair[2] - size) < 1e-6 * size for pair in wrong.values()):
                 raise failure(message, MULTIPLIED.format(size=size))
             if all(_replicated(report, name) for name in wrong):
@@ -205,22 +220,22 @@ def _steps_text(steps: tuple[tuple[str, int], ...]) -> str:
                         for kind, count in steps)
 
 
-def assert_trained(where: str, found: list[dict[str, Any]]) -> None:
+def assert_trained(where: str, found: list[TPRun]) -> None:
     for rank, report in enumerate(found):
-        tol = report["tolerance"]
-        wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report["params"].items() if not _close(pair, tol)]
+        tol = report.tolerance
+        wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report.params.items() if not _close(pair, tol)]
         assert not wrong, (
-            f"{where}, rank {rank}: after {_steps_text(report['steps'])} the full parameters differ from one "
+            f"{where}, rank {rank}: after {_steps_text(report.steps)} the full parameters differ from one "
             "process's:\n"
             + "\n".join(wrong)
         )
     groups: dict[int, list[int]] = {}
     for rank, report in enumerate(found):
-        groups.setdefault(rank // report["tp"], []).append(rank)
+        groups.setdefault(rank // report.tp, []).append(rank)
     for members in groups.values():
-        first = found[members[0]]["replicated"]
+        first = found[members[0]].replicated
         for rank in members[1:]:
-            drifted = [name for name, digest in found[rank]["replicated"].items() if first.get(name) != digest]
+            drifted = [name for name, digest in found[rank].replicated.items() if first.get(name) != digest]
             assert not drifted, (
                 f"{where}: replicated parameters differ between tensor-parallel ranks {members[0]} and {rank} "
                 f"after training: {', '.join(drifted)}"
@@ -233,21 +248,21 @@ def placements_are_consistent(world: WorldLike, impl: Implementation) -> None:
     for where, found in each_run(world, impl):
         for rank, report in enumerate(found):
             sharded = 0
-            for name, info in report["placements"].items():
-                expected = list(info["full"])
-                for placement, dim_name in zip(info["placements"], info["mesh"] or ["tp"], strict=False):
+            for name, info in report.placements.items():
+                expected = list(info.full)
+                for placement, dim_name in zip(info.placements, info.mesh or ["tp"], strict=False):
                     shard = _SHARD.fullmatch(placement)
                     if dim_name == "tp" and shard:
                         sharded += 1
                         dim, parts = int(shard["dim"]), int(shard["sf"] or 1)
                         # A strided shard (split_factor parts, each chunked over the group) holds its share of each.
-                        expected[dim] = parts * _chunk(expected[dim] // parts, report["tp"], report["tp_rank"])
-                assert list(info["local"]) == expected, (
-                    f"{where}, rank {rank}: {name} {info['placements']} holds {info['local']} of {info['full']}, "
-                    f"expected {tuple(expected)} (split as torch.chunk over {report['tp']} ranks)"
+                        expected[dim] = parts * _chunk(expected[dim] // parts, report.tp, report.tp_rank)
+                assert list(info.local) == expected, (
+                    f"{where}, rank {rank}: {name} {info.placements} holds {info.local} of {info.full}, "
+                    f"expected {tuple(expected)} (split as torch.chunk over {report.tp} ranks)"
                 )
-            assert report["tp"] == 1 or sharded, (
-                f"{where}: no parameter is sharded over {report['tp']} tensor-parallel ranks"
+            assert report.tp == 1 or sharded, (
+                f"{where}: no parameter is sharded over {report.tp} tensor-parallel ranks"
             )
 
 
@@ -266,10 +281,10 @@ def loss_on_sharded_logits_equals_unsharded(world: WorldLike, impl: Implementati
     """The mean cross entropy (under ``loss_parallel()`` for vocabulary-sharded logits) equals the unsharded loss."""
     for where, found in each_run(world, impl):
         for rank, report in enumerate(found):
-            got, want = report["loss"]
-            tol = report["tolerance"]
+            got, want = report.loss
+            tol = report.tolerance
             assert abs(got - want) <= tol * max(1.0, abs(want)), (
-                f"{where}, rank {rank}: the loss on logits {report['logits_form']} is {got!r}, the unsharded "
+                f"{where}, rank {rank}: the loss on logits {report.logits_form} is {got!r}, the unsharded "
                 f"model's {want!r}"
             )
 
@@ -280,12 +295,12 @@ def tied_embeddings_stay_tied(world: WorldLike, impl: Implementation) -> None:
     tied = [model for model in model_names(impl) if model == OWN_MODELS[1] or model not in OWN_MODELS]
     checked = 0
     for where, found in each_run(world, impl):
-        if where.split(",")[0] not in tied or not found[0]["tied_before"]:
+        if where.split(",")[0] not in tied or not found[0].tied_before:
             continue
         checked += 1
         for rank, report in enumerate(found):
-            assert report["tied_after"], f"{where}, rank {rank}: the head's weight is no longer the embedding's"
-            assert report["tied_trained"], f"{where}, rank {rank}: the tie is lost after training"
+            assert report.tied_after, f"{where}, rank {rank}: the head's weight is no longer the embedding's"
+            assert report.tied_trained, f"{where}, rank {rank}: the tie is lost after training"
     if not checked:
         raise NotApplicable("no checked model ties its embedding and head")
 
@@ -296,20 +311,23 @@ def attention_head_counts_are_local(world: WorldLike, impl: Implementation) -> N
     checked = 0
     for where, found in each_run(world, impl):
         for rank, report in enumerate(found):
-            for attn in report["heads"]:
+            for attn in report.heads:
+                dim = attn.head_dim
+                if dim is None:  # nothing to multiply the counts by: a module keeping no head size is not judged
+                    continue
                 checked += 1
-                dim = attn["head_dim"]
-                assert attn["num_heads"] * dim == attn["q_width"], (
-                    f"{where}, rank {rank}: {attn['name']}.num_heads is {attn['num_heads']} but its q_proj holds "
-                    f"{attn['q_width'] // dim} heads of {dim}"
+                assert attn.num_heads * dim == attn.q_width, (
+                    f"{where}, rank {rank}: {attn.name}.num_heads is {attn.num_heads} but its q_proj holds "
+                    f"{attn.q_width // dim} heads of {dim}"
                 )
-                if attn["k_width"] is not None:
-                    assert attn["num_key_value_heads"] * dim == attn["k_width"], (
-                        f"{where}, rank {rank}: {attn['name']}.num_key_value_heads is {attn['num_key_value_heads']} "
-                        f"but its k_proj holds {attn['k_width'] // dim} heads of {dim}"
+                if attn.k_width is not None:
+                    assert attn.num_key_value_heads * dim == attn.k_width, (
+                        f"{where}, rank {rank}: {attn.name}.num_key_value_heads is {attn.num_key_value_heads} "
+                        f"but its k_proj holds {attn.k_width // dim} heads of {dim}"
                     )
     if not checked:
-        raise NotApplicable("no attention module keeps head counts of its own (num_heads) to compare")
+        raise NotApplicable("no attention module keeps head counts (num_heads) and a head size (head_dim) of its own "
+                            "to compare")
 
 
 @tp_check("tp.logits_stay_sharded_on_the_vocabulary", tier="extended", min_world=2)
@@ -322,7 +340,7 @@ def logits_stay_sharded_on_the_vocabulary(world: WorldLike, impl: Implementation
         if where.split(",")[0] not in OWN_MODELS:
             continue
         for rank, report in enumerate(found):
-            assert report["logits_form"] == "DTensor ['Shard(dim=2)']", (
-                f"{where}, rank {rank}: logits come back as {report['logits_form']}, not sharded on the vocabulary "
+            assert report.logits_form == "DTensor ['Shard(dim=2)']", (
+                f"{where}, rank {rank}: logits come back as {report.logits_form}, not sharded on the vocabulary "
                 "(a DTensor Shard(dim=2) of [batch, seq, vocab])"
             )

@@ -21,6 +21,7 @@ from nemo_dist.conformance.tp.checks import (
     label,
     matrix,
     off_gradients,
+    raised_and_runs,
     reports,
     run_reports,
     variants,
@@ -45,18 +46,19 @@ def sequence_length_not_divisible_refused_or_correct(world: WorldLike, impl: Imp
         if sp == sequence_parallel:
             found = run_reports(world, impl, {"model": model, "sp": sp, "seq": seq})
             where = f"{label(model, sp)}, sequence of {seq} over {world.size} ranks"
-            raised = [rank for rank, report in enumerate(found) if "error" in report]
+            errors, runs = raised_and_runs(found, model)
+            raised = list(errors)
             checked += 1
             if raised:
                 assert len(raised) == len(found), (
                     f"{where}: refused on rank{'s' if len(raised) > 1 else ''} {raised} only "
-                    f"({found[raised[0]]['error']}); the others went on"
+                    f"({errors[raised[0]]['error']}); the others went on"
                 )
                 continue
-            for rank, report in enumerate(found):
-                tol = report["tolerance"]
-                diff, scale = report["logits"][:2]
-                assert diff <= tol * scale, f"{where}, rank {rank}: logits off by {diff:.3g} ({report['logits_form']})"
+            for rank, report in enumerate(runs):
+                tol = report.tolerance
+                diff, scale = report.logits[:2]
+                assert diff <= tol * scale, f"{where}, rank {rank}: logits off by {diff:.3g} ({report.logits_form})"
                 wrong = off_gradients(report)
                 assert not wrong, f"{where}, rank {rank}: gradients differ for {', '.join(wrong)}"
     if not checked:
@@ -70,8 +72,8 @@ def fsdp2_on_a_dp_tp_mesh_trains_like_one_process(world: WorldLike, impl: Implem
         where = label(model, sp, dp=2)
         found = reports(world, impl, model, sp, dp=2, steps=SAMPLED_STEPS)
         for rank, report in enumerate(found):
-            tol = report["tolerance"]
-            diff, scale = report["logits"][:2]
+            tol = report.tolerance
+            diff, scale = report.logits[:2]
             assert diff <= tol * scale, f"{where}, rank {rank}: logits of its rows off by {diff:.3g}"
             wrong = off_gradients(report)
             assert not wrong, (
@@ -96,18 +98,19 @@ def indivisible_heads_refused_on_every_rank(world: WorldLike, impl: Implementati
     for sp in variants(impl):
         found = run_reports(world, impl, {"model": model, "sp": sp})
         where = f"{label(model, sp)} over {world.size} ranks"
-        raised = [rank for rank, report in enumerate(found) if "error" in report]
+        errors, runs = raised_and_runs(found, model)
+        raised = list(errors)
         if len(raised) == len(found):
-            unclear = [rank for rank in raised if "head" not in found[rank]["error"].lower()]
+            unclear = [rank for rank in raised if "head" not in errors[rank]["error"].lower()]
             assert not unclear, (
-                f"{where}: refused on every rank, but not naming the heads: {found[unclear[0]]['error']} (raised "
-                f"{found[unclear[0]]['where']})"
+                f"{where}: refused on every rank, but not naming the heads: {errors[unclear[0]]['error']} (raised "
+                f"{errors[unclear[0]]['where']})"
             )
             continue
         assert not raised, f"{where}: refused on ranks {raised} only; the others went on"
-        for rank, report in enumerate(found):
-            tol = report["tolerance"]
-            diff, scale = report["logits"][:2]
+        for rank, report in enumerate(runs):
+            tol = report.tolerance
+            diff, scale = report.logits[:2]
             assert diff <= tol * scale, (
                 f"{where}, rank {rank}: heads that do not split over {world.size} ranks accepted, and the logits "
                 f"are off by {diff:.3g}"
@@ -122,10 +125,10 @@ def explicit_plan_comes_first(world: WorldLike, impl: Implementation) -> None:
     where = f"{OWN_MODELS[0]} with tp_shard_plan={{'lm_head': ColwiseParallel(...)}}"
     found = reports(world, impl, OWN_MODELS[0], False, explicit=True)
     for rank, report in enumerate(found):
-        sharded = sorted(name for name, info in report["placements"].items() if not ranks.tp_replicated(info))
+        sharded = sorted(name for name, info in report.placements.items() if not ranks.tp_replicated(info))
         assert sharded == ["lm_head.weight"], (
             f"{where}, rank {rank}: sharded over tp: {', '.join(sharded) or 'nothing'}; the explicit plan shards "
             "lm_head.weight alone"
         )
-        diff, scale = report["logits"][:2]
-        assert diff <= report["tolerance"] * scale, f"{where}, rank {rank}: logits off by {diff:.3g}"
+        diff, scale = report.logits[:2]
+        assert diff <= report.tolerance * scale, f"{where}, rank {rank}: logits off by {diff:.3g}"

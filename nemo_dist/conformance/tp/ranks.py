@@ -28,10 +28,11 @@ from nemo_dist.conformance.fsdp2 import calls
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.tp import target
+from nemo_dist.conformance.tp.messages import Difference, Heads, Placed, TPRun, UnbuiltModel
 
 __all__ = ["run", "tp_replicated", "warm_up"]
 
-_RUNS: dict[Any, dict[str, Any] | TargetRaised] = {}
+_RUNS: dict[Any, TPRun | UnbuiltModel | TargetRaised] = {}
 _SEED = 11
 _BATCH_PER_DP_RANK = 2
 
@@ -93,7 +94,7 @@ def _local(tensor: Any) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _difference(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, float]:
+def _difference(got: torch.Tensor, want: torch.Tensor) -> Difference:
     """(max |got - want|, max(1, max |want|), got's least-squares multiple of want); shapes that differ: (inf, ...)."""
     scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
     if got.shape != want.shape:
@@ -103,7 +104,7 @@ def _difference(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, fl
     return ((got - want).abs().max().item() if got.numel() else 0.0), scale, ratio
 
 
-def _gradient_difference(param: Any, reference: torch.Tensor) -> tuple[float, float, float] | None:
+def _gradient_difference(param: Any, reference: torch.Tensor) -> Difference | None:
     """:func:`_difference` of the gradients; None where the parameter has none and the reference's is nonzero."""
     grad = whole_grad(param, param.grad)  # every rank joins a DTensor's collective, with a gradient or without
     if grad is None or param.grad is None:
@@ -135,38 +136,39 @@ def _backward(loss: torch.Tensor, logits: Any) -> None:
         loss.backward()
 
 
-def _placements(model: nn.Module) -> dict[str, dict[str, Any]]:
+def _placements(model: nn.Module) -> dict[str, Placed]:
     from torch.distributed.tensor import DTensor
 
     found = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if isinstance(param, DTensor):
-            found[name] = {"placements": [repr(p) for p in param.placements], "local": tuple(param.to_local().shape),
-                           "full": tuple(param.shape), "mesh": list(param.device_mesh.mesh_dim_names or ())}
+            found[name] = Placed([repr(p) for p in param.placements], tuple(param.to_local().shape),
+                                 tuple(param.shape), list(param.device_mesh.mesh_dim_names or ()))
         else:
-            found[name] = {"placements": [], "local": tuple(param.shape), "full": tuple(param.shape), "mesh": []}
+            found[name] = Placed([], tuple(param.shape), tuple(param.shape), [])
     return found
 
 
-def _heads(model: nn.Module) -> list[dict[str, Any]]:
+def _heads(model: nn.Module) -> list[Heads]:
     """Per attention module with head counts of its own: its counts and the local query and key widths."""
     found = []
     for name, module in model.named_modules():
         if hasattr(module, "q_proj") and isinstance(getattr(module, "num_heads", None), int):
-            found.append({"name": name, "num_heads": module.num_heads,
-                          "num_key_value_heads": getattr(module, "num_key_value_heads", module.num_heads),
-                          "head_dim": getattr(module, "head_dim", None),
-                          "q_width": _local(module.q_proj.weight).shape[0],
-                          "k_width": _local(module.k_proj.weight).shape[0] if hasattr(module, "k_proj") else None})
+            found.append(Heads(
+                name=name, num_heads=module.num_heads,
+                num_key_value_heads=getattr(module, "num_key_value_heads", module.num_heads),
+                head_dim=getattr(module, "head_dim", None), q_width=_local(module.q_proj.weight).shape[0],
+                k_width=_local(module.k_proj.weight).shape[0] if hasattr(module, "k_proj") else None,
+            ))
     return found
 
 
-def tp_replicated(info: dict[str, Any]) -> bool:
+def tp_replicated(info: Placed) -> bool:
     """Whether a parameter, as :func:`_placements` reports it, is whole on every tensor-parallel rank.
 
     Plain, or ``Replicate`` on the mesh's ``tp`` dim (a 1-D mesh without names is the tp mesh).
     """
-    on_tp = [p for p, dim in zip(info["placements"], info["mesh"] or ["tp"], strict=False) if dim == "tp"]
+    on_tp = [p for p, dim in zip(info.placements, info.mesh or ["tp"], strict=False) if dim == "tp"]
     return all(p == "Replicate()" for p in on_tp)
 
 
@@ -187,7 +189,7 @@ def _optimizer(kind: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=0.01, foreach=False)
 
 
-def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
+def run(impl: Implementation, spec: dict[str, Any]) -> TPRun | UnbuiltModel:
     """Shard and train as ``spec`` says (model, sequence_parallel, dp, seq, steps); the report described above.
 
     A target that raises raises :class:`TargetRaised`. A run is made once per target and spec on a rank, its
@@ -196,13 +198,13 @@ def run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     return run_once(_RUNS, (impl, tuple(sorted((k, str(v)) for k, v in spec.items()))), lambda: _run(impl, spec))
 
 
-def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
+def _run(impl: Implementation, spec: dict[str, Any]) -> TPRun | UnbuiltModel:
     dp, seq = spec.get("dp", 1), spec.get("seq", 8)
     tp = dist.get_world_size() // dp
     try:
         built = target.build_model(impl, spec["model"], _SEED)
     except Exception as exc:  # the suite's tiny config does not fit this class: no verdict on the target
-        return {"unbuilt": f"{type(exc).__name__}: {exc}", "tp": tp, "dp": dp}
+        return UnbuiltModel(f"{type(exc).__name__}: {exc}", tp, dp)
     device = calls.device()
     reference = built.model.to(device)
     model = copy.deepcopy(reference)
@@ -211,9 +213,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
     where = "parallelizing"
     try:
         model = target.parallelize(impl, model, mesh, bool(spec.get("sp")), dp, bool(spec.get("explicit")))
-        report: dict[str, Any] = {"placements": _placements(model), "heads": _heads(model),
-                                  "tied_before": tied_before, "tied_after": _tied(model), "tp": tp, "dp": dp,
-                                  "tolerance": built.tolerance, "tp_rank": mesh["tp"].get_local_rank()}
+        placements, heads, tied_after = _placements(model), _heads(model), _tied(model)
         where = "in forward"
         generator = torch.Generator().manual_seed(_SEED + 1)
         inputs = target.inputs(impl, reference, dp * _BATCH_PER_DP_RANK, seq, generator).to(device)
@@ -244,17 +244,17 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
             loss = _loss(logits, labels[rows])
             ref_loss = F.cross_entropy(expected.flatten(0, 1), labels.flatten())
             if step == 0:
-                report["logits"] = _difference(_full(logits), expected[rows].detach())
-                report["logits_digest"] = _digest(_full(logits))
-                report["logits_form"] = type(logits).__name__ + (
+                first_logits = _difference(_full(logits), expected[rows].detach())
+                digest = _digest(_full(logits))
+                form = type(logits).__name__ + (
                     f" {[repr(p) for p in logits.placements]}" if hasattr(logits, "placements") else "")
-                report["loss"] = (_full(loss).item(), ref_loss.item())
+                first_loss = (_full(loss).item(), ref_loss.item())
             where = "in backward"
             _backward(loss, logits)
             ref_loss.backward()
             target.after_backward(impl, model, mesh)
             if step == 0:
-                report["grads"] = {name: _gradient_difference(p, ref[name]) for name, p in own.items()}
+                grads = {name: _gradient_difference(p, ref[name]) for name, p in own.items()}
             if steps:
                 where = f"in optimizer step {step + 1} ({steps[step]})"
                 mine, theirs = optimizers[steps[step]]
@@ -263,11 +263,13 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> dict[str, Any]:
                 for opt in (mine, theirs):
                     opt.zero_grad(set_to_none=True)
                 where = "in forward"
-        report["params"] = {name: _difference(_full(p).detach(), ref[name].detach()) for name, p in own.items()}
-        report["replicated"] = {name: _digest(_local(p)) for name, p in own.items()
-                                if tp_replicated(report["placements"][name])}
-        report["tied_trained"] = _tied(model)
-        report["steps"] = tuple(spec.get("steps", ()))
-        return report
+        return TPRun(
+            placements=placements, heads=heads, tied_before=tied_before, tied_after=tied_after, tp=tp, dp=dp,
+            tolerance=built.tolerance, tp_rank=mesh["tp"].get_local_rank(), logits=first_logits,
+            logits_digest=digest, logits_form=form, loss=first_loss, grads=grads,
+            params={name: _difference(_full(p).detach(), ref[name].detach()) for name, p in own.items()},
+            replicated={name: _digest(_local(p)) for name, p in own.items() if tp_replicated(placements[name])},
+            tied_trained=_tied(model), steps=tuple(spec.get("steps", ())),
+        )
     except Exception as exc:  # the parent judges a raising target (run_reports)
         raise TargetRaised(f"{where}: {type(exc).__name__}: {exc}") from exc
