@@ -35,6 +35,7 @@ from nemo_dist.conformance.a2a.causes import (
     gradient_cause,
     routing_cause,
 )
+from nemo_dist.conformance.a2a.messages import Dispatched, Exchanged
 from nemo_dist.conformance.a2a.target import caller, module_function
 from nemo_dist.conformance.errors import NotApplicable, NotSupported
 from nemo_dist.conformance.gather.properties import (
@@ -148,11 +149,10 @@ def _expected(example: dict[str, Any], index: int) -> tuple[list[torch.Tensor], 
     return outputs, routed(grads_out, _transposed(matrix))
 
 
-def _differs(first: list[dict[str, Any]], again: list[dict[str, Any]]) -> bool:
+def _differs(first: list[Exchanged], again: list[Exchanged]) -> bool:
     """Whether a re-run's outputs or gradients differ from the first run's, bit for bit, on any rank."""
     for a, b in zip(first, again, strict=True):
-        for key in ("out", "grad"):
-            x, y = a.get(key), b.get(key)
+        for x, y in ((a.out, b.out), (a.grad, b.grad)):
             if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
                 if x.shape != y.shape or not same_bits(x, y):
                     return True
@@ -166,13 +166,14 @@ def _group_cause(world: WorldLike, impl: Implementation, backward: bool) -> str:
     cause (proven by the comparison); else the target fails without groups too, which is what the cause says."""
     matrix = [[1 + (i + j) % 3 for j in range(world.size)] for i in range(world.size)]
     example = {"matrices": [matrix], "trailing": (2,), "dtype": torch.float64, "seed": 0}
-    results = world.run(ranks.exchanged, impl, example["matrices"], (2,), torch.float64, 0, requires_grad=True,
-                        backward=backward)
+    results: list[Exchanged] = world.run(
+        ranks.exchanged, impl, example["matrices"], (2,), torch.float64, 0, requires_grad=True, backward=backward
+    )
     outputs, grads = _expected(example, 0)
     whole_right = all(
-        isinstance(f["out"], torch.Tensor) and f["out"].shape == outputs[r].shape and same_bits(f["out"], outputs[r])
-        and (not backward or (isinstance(f.get("grad"), torch.Tensor) and f["grad"].shape == grads[r].shape
-                              and same_bits(f["grad"], grads[r])))
+        isinstance(f.out, torch.Tensor) and f.out.shape == outputs[r].shape and same_bits(f.out, outputs[r])
+        and (not backward or (isinstance(f.grad, torch.Tensor) and f.grad.shape == grads[r].shape
+                              and same_bits(f.grad, grads[r])))
         for r, f in enumerate(results)
     )
     return GROUP if whole_right else NOT_GROUP
@@ -193,14 +194,14 @@ def _property(
     members = _members(partition, world.size)
     last = LastFailure()
 
-    def run(example: dict[str, Any], requires_grad: bool) -> list[dict[str, Any]]:
+    def run(example: dict[str, Any], requires_grad: bool) -> list[Exchanged]:
         return world.run(
             ranks.exchanged, impl, example["matrices"], example["trailing"], example["dtype"],
             example["seed"], requires_grad=requires_grad, backward=backward, partition=partition,
         )
 
     def judge(example: dict[str, Any], requires_grad: bool) -> None:
-        results: list[dict[str, Any]] = []
+        results: list[Exchanged] = []
         with last.record(example=example, results=results, requires_grad=requires_grad):
             results += run(example, requires_grad)
             for index, group in enumerate(members):
@@ -208,19 +209,19 @@ def _property(
                 for place, rank in enumerate(group):
                     found = results[rank]
                     where = f"rank {rank}" + (f" (rank {place} of group {group})" if grouped else "")
-                    assert found["input_intact"], f"{where}: the all-to-all modified the caller's input in place"
+                    assert found.input_intact, f"{where}: the all-to-all modified the caller's input in place"
                     if backward:
-                        assert found["grad_intact"], f"{where}: backward modified the output gradient it was given"
+                        assert found.grad_intact, f"{where}: backward modified the output gradient it was given"
                     if intact_only:
                         continue
-                    assert_same(found["out"], outputs[place], f"{where}: output of splits {example['matrices'][index]}")
-                    if found["requires_grad"] != requires_grad:
-                        message = (f"{where}: output requires_grad is {found['requires_grad']} for an input with "
+                    assert_same(found.out, outputs[place], f"{where}: output of splits {example['matrices'][index]}")
+                    if found.requires_grad != requires_grad:
+                        message = (f"{where}: output requires_grad is {found.requires_grad} for an input with "
                                    f"requires_grad={requires_grad}")
                         raise failure(message, DETACHED) if requires_grad else AssertionError(message)
                     if backward:
-                        assert found["grad"] is not None, f"{where}: the sent rows got no gradient"
-                        assert_same(found["grad"], grads[place], f"{where}: input gradient of splits "
+                        assert found.grad is not None, f"{where}: the sent rows got no gradient"
+                        assert_same(found.grad, grads[place], f"{where}: input gradient of splits "
                                     f"{example['matrices'][index]}")
 
     @given(data=st.data())
@@ -253,7 +254,7 @@ def _property(
             if backward and not intact_only and not grouped and right_when_symmetric(example):
                 return NOT_SWAPPED
             return _group_cause(world, impl, backward) if grouped else ""
-        if not all(f["input_intact"] and f.get("grad_intact", True) for f in results):
+        if not all(f.input_intact and f.grad_intact for f in results):
             return IN_PLACE
         if intact_only:
             return ""
@@ -262,7 +263,7 @@ def _property(
             outputs, grads = _expected(example, index)
             matrix = example["matrices"][index]
             for place, rank in enumerate(group):
-                found.append(results[rank].get("grad" if backward else "out"))
+                found.append(results[rank].grad if backward else results[rank].out)
                 wanted.append(grads[place] if backward else outputs[place])
                 rows_in.append(sum(matrix[i][place] for i in range(len(matrix))))
                 rows_out.append(sum(matrix[place]))
@@ -364,16 +365,16 @@ def dispatch_combine_round_trips(world: WorldLike, impl: Implementation) -> None
                            "them)")
 
     def judge(counts: list[int], destinations: list[list[int]], seed: int) -> None:
-        results = world.run(ranks.dispatched, impl, counts, destinations, seed)
+        results: list[Dispatched] = world.run(ranks.dispatched, impl, counts, destinations, seed)
         tokens = [ranks.rows(seed, r, n, (3,), torch.float64) for r, n in enumerate(counts)]
         weights = [ranks.rows(seed, r, n, (3,), torch.float64, salt=1) for r, n in enumerate(counts)]
         for r, found in enumerate(results):
             where = f"tokens per rank {counts}, destinations {destinations}, rank {r}"
             arrived = torch.cat([tokens[s][[d == r for d in destinations[s]]] for s in range(world.size)])
-            assert_same(found["received"], arrived, f"{where}: tokens dispatched to it")
+            assert_same(found.received, arrived, f"{where}: tokens dispatched to it")
             scale = torch.tensor([d + 2 for d in destinations[r]], dtype=torch.float64).reshape(-1, 1)
-            assert_same(found["combined"], tokens[r] * scale, f"{where}: combined tokens")
-            assert_same(found["grad"], weights[r] * scale, f"{where}: tokens' gradient")
+            assert_same(found.combined, tokens[r] * scale, f"{where}: combined tokens")
+            assert_same(found.grad, weights[r] * scale, f"{where}: tokens' gradient")
 
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:

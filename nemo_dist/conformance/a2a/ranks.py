@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_dist.conformance.a2a.messages import Dispatched, Exchanged
 from nemo_dist.conformance.a2a.target import caller, module_function
 from nemo_dist.conformance.gather.ranks import _device, _group, same_bits
 from nemo_dist.conformance.implementation import Implementation
@@ -50,12 +51,10 @@ def exchanged(
     requires_grad: bool = True,
     backward: bool = False,
     partition: Sequence[Sequence[int]] | None = None,
-) -> dict[str, Any]:
+) -> Exchanged:
     """One call of the all-to-all: ``matrices[g][i][j]`` rows from group rank i to j of group g; what came of it.
 
-    Returns ``out``, ``requires_grad``, ``input_intact`` and, with ``backward``,
-    ``grad`` (the input's, None if it got none) and ``grad_intact`` (the output
-    gradient passed to backward unchanged).
+    With ``backward``, the input's gradient and whether the output gradient passed to backward is unchanged.
     """
     group, index = _in_group(partition)
     matrix = matrices[index]
@@ -66,18 +65,15 @@ def exchanged(
     before = x.clone()
     x.requires_grad_(requires_grad)
     out = caller(impl)(x, sent, received, group)
-    found: dict[str, Any] = {"out": _cpu(out), "requires_grad": bool(getattr(out, "requires_grad", False))}
+    requires = bool(getattr(out, "requires_grad", False))
+    got_grad, grad_intact = None, True
     if backward and isinstance(out, torch.Tensor) and out.requires_grad:
         grad = rows(seed, me + 100 * index, out.shape[0], trailing, dtype, salt=1).to(_device())
         grad_before = grad.clone()
         out.backward(grad)
-        found["grad"] = _cpu(x.grad)
-        found["grad_intact"] = same_bits(grad, grad_before)
-    elif backward:
-        found["grad"] = None
-        found["grad_intact"] = True
-    found["input_intact"] = same_bits(x.detach(), before)
-    return found
+        got_grad, grad_intact = _cpu(x.grad), same_bits(grad, grad_before)
+    return Exchanged(out=_cpu(out), requires_grad=requires, input_intact=same_bits(x.detach(), before),
+                     grad=got_grad, grad_intact=grad_intact)
 
 
 def refused(impl: Implementation, matrix: Sequence[Sequence[int]], case: str) -> tuple[str, str]:
@@ -117,11 +113,9 @@ def misdirected(impl: Implementation) -> tuple[str, str]:
 
 def dispatched(
     impl: Implementation, counts: Sequence[int], destinations: Sequence[Sequence[int]], seed: int
-) -> dict[str, Any]:
+) -> Dispatched:
     """Dispatch this rank's seeded tokens to ``destinations[rank]``, scale on arrival by (receiving rank + 2),
     combine back, and take the gradient of a seeded weighting of the result.
-
-    Returns ``received`` (what arrived), ``combined`` and the tokens' ``grad``.
     """
     dispatch, combine = module_function(impl, "dispatch_tokens"), module_function(impl, "combine_tokens")
     me = dist.get_rank() if dist.is_initialized() else 0
@@ -131,4 +125,4 @@ def dispatched(
     combined = combine(received * (me + 2), route)
     weights = rows(seed, me, counts[me], (3,), torch.float64, salt=1).to(_device())
     (combined * weights).sum().backward()
-    return {"received": _cpu(received), "combined": _cpu(combined), "grad": _cpu(tokens.grad)}
+    return Dispatched(received=_cpu(received), combined=_cpu(combined), grad=_cpu(tokens.grad))
