@@ -8,13 +8,13 @@ the parent, :func:`run_reports` reads a raise on a rank back as that rank's erro
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from nemo_dist.conformance.registry import WorldLike
 from nemo_dist.testing import RankFailure
 
-__all__ = ["TargetRaised", "run_once", "run_reports"]
+__all__ = ["TargetRaised", "run_once", "run_reports", "split_reports"]
 
 #: A rank's report of one run (a dict, or a suite's typed message).
 Report = TypeVar("Report")
@@ -67,3 +67,10 @@ def run_reports(
                 found.append({"error": raised["error"], "where": raised["where"], "traceback": text,
                               **(error_fields or {})})
         return found
+
+
+def split_reports(found: Sequence[Report | dict[str, Any]]) -> tuple[list[tuple[int, dict[str, Any]]], list[Report]]:
+    """``(raised, reports)`` of :func:`run_reports`' answer: ``(rank, error report)`` of every rank whose target
+    raised, and the other ranks' reports, each in rank order."""
+    raised = [(rank, r) for rank, r in enumerate(found) if isinstance(r, dict)]
+    return raised, [r for r in found if not isinstance(r, dict)]

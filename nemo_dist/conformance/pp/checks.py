@@ -41,6 +41,7 @@ from nemo_dist.conformance.pp.causes import (
 from nemo_dist.conformance.pp.messages import PipelineRun
 from nemo_dist.conformance.registry import WorldLike, failure, thorough
 from nemo_dist.conformance.target_raised import run_reports as rank_reports
+from nemo_dist.conformance.target_raised import split_reports
 
 __all__ = [
     "GRADIENT_TOLERANCE",
@@ -77,10 +78,6 @@ def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) ->
     return rank_reports(world, ranks.run, impl, spec)
 
 
-def _raised(found: list[PipelineRun | dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    """``(rank, {"error", "where", "traceback"})`` of every rank whose target raised."""
-    return [(rank, r) for rank, r in enumerate(found) if isinstance(r, dict)]
-
 
 def matrix(size: int, impl: Implementation) -> list[tuple[str | None, int]]:
     """``(schedule, microbatches)`` pairs a world of ``size`` runs: every schedule with 1, 2 and 4 microbatches
@@ -99,10 +96,9 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[Pip
         where = _describe(schedule, world.size, microbatches)
         steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
         spec = {"microbatches": microbatches, "schedule": schedule, "steps": steps}
-        found = run_reports(world, impl, spec)
-        raised = _raised(found)
+        raised, found = split_reports(run_reports(world, impl, spec))
         if not raised:
-            runs.append((where, [r for r in found if isinstance(r, PipelineRun)]))
+            runs.append((where, found))
             continue
         first = raised[0][1]
         same = {(r["where"], r["error"]) for _, r in raised} == {(ranks.BUILDING, first["error"])}
@@ -256,14 +252,12 @@ def tied_weights_summed_or_refused(world: WorldLike, impl: Implementation) -> No
     where = _describe(schedule, world.size, world.size) + ", the head tied to the embedding"
     steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
     spec = {"microbatches": world.size, "schedule": schedule, "steps": steps, "tied": True}
-    reports = run_reports(world, impl, spec)
-    raised = _raised(reports)
+    raised, found = split_reports(run_reports(world, impl, spec))
     if raised:
         if len(raised) == world.size and all(r["where"] == ranks.BUILDING for _, r in raised):
             return  # refused on every rank before any step: what a pipeline that cannot keep copies in sync does
         errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
         raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}")
-    found = [r for r in reports if isinstance(r, PipelineRun)]
     tolerance = found[0].tolerance
     copies = [(rank, index, name, grad) for rank, r in enumerate(found) for index, name, grad in r.copies]
     for name, want_list in found[0].want_copies.items():

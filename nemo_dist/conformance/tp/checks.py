@@ -26,6 +26,7 @@ from nemo_dist.conformance.errors import NotApplicable
 from nemo_dist.conformance.implementation import Implementation
 from nemo_dist.conformance.registry import WorldLike, thorough
 from nemo_dist.conformance.target_raised import run_reports as rank_reports
+from nemo_dist.conformance.target_raised import split_reports
 from nemo_dist.conformance.tp import ranks
 from nemo_dist.conformance.tp.causes import KV_HEADS, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC, failure, tp_check
 from nemo_dist.conformance.tp.messages import TPRun, UnbuiltModel
@@ -80,10 +81,10 @@ def run_reports(
 def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec: Any) -> list[TPRun]:
     """Every rank's report of one run; a target that raised on any rank is a failure naming it and its error."""
     found = run_reports(world, impl, {"model": model, "sp": sp, **spec})
-    unbuilt = [r for r in found if isinstance(r, UnbuiltModel)]
+    raised, built = split_reports(found)
+    unbuilt = [r for r in built if isinstance(r, UnbuiltModel)]
     if unbuilt:
         raise Unbuilt(f"{model} does not build from the suite's tiny config: {unbuilt[0].unbuilt}")
-    raised = [(rank, r) for rank, r in enumerate(found) if isinstance(r, dict)]
     if raised:
         first = raised[0][1]
         where = label(model, sp, spec.get("dp", 1))
@@ -92,7 +93,7 @@ def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec
             f"{', '.join(str(r) for r, _ in raised)} of {len(found)}: {first['error']}\n{first['traceback']}",
             f"the plan fails at tensor-parallel size {first['tp']}: {first['error'].splitlines()[0]}",
         )
-    return [r for r in found if isinstance(r, TPRun)]
+    return [r for r in built if isinstance(r, TPRun)]
 
 
 def raised_and_runs(
@@ -100,10 +101,11 @@ def raised_and_runs(
 ) -> tuple[dict[int, dict[str, Any]], list[TPRun]]:
     """The error reports of :func:`run_reports` by rank, and the runs of the other ranks, for a check that accepts
     a refusal; a model the suite's tiny config does not build is not applicable, as :func:`each_run` says."""
-    unbuilt = [r for r in found if isinstance(r, UnbuiltModel)]
+    raised, built = split_reports(found)
+    unbuilt = [r for r in built if isinstance(r, UnbuiltModel)]
     if unbuilt:
         raise NotApplicable(f"{model} does not build from the suite's tiny config: {unbuilt[0].unbuilt}")
-    return {rank: r for rank, r in enumerate(found) if isinstance(r, dict)}, [r for r in found if isinstance(r, TPRun)]
+    return dict(raised), [r for r in built if isinstance(r, TPRun)]
 
 
 class Unbuilt(Exception):
