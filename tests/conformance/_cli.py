@@ -14,8 +14,10 @@ import pytest
 from nemo_dist.conformance.cli import main
 
 __all__ = [
+    "CONFORMANCE_OPTIONS",
     "PYTEST_FAILING_ARGS",
     "PYTEST_FAILING_FORK",
+    "PYTEST_OPTIONS",
     "REFERENCE_ARGS",
     "ROOT",
     "DirectoryRun",
@@ -45,9 +47,11 @@ PYTEST_FAILING_FORK = (
     "--conformance-gather", "tests.forks.broken_gather_drops_own_rows", "-k", "forward_matches or uneven_gathers",
     "-rfs",
 )
+#: pytest's options of every run of ``pytest conformance/`` in these tests, and the suite's: worlds of 2, few examples.
+PYTEST_OPTIONS = ("-p", "no:randomly", "-p", "no:cacheprovider", "-q")
+CONFORMANCE_OPTIONS = ("--dist-world-sizes", "2", "--conformance-max-examples", "3")
 PYTEST_FAILING_ARGS = (
-    "-m", "pytest", str(ROOT / "conformance"), "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
-    "--dist-world-sizes", "2", "--conformance-max-examples", "3", *PYTEST_FAILING_FORK,
+    "-m", "pytest", str(ROOT / "conformance"), *PYTEST_OPTIONS, *CONFORMANCE_OPTIONS, *PYTEST_FAILING_FORK,
 )
 #: The xdist group of the tests reading the run of ``PYTEST_FAILING_ARGS``.
 pytest_failing_run_group = pytest.mark.xdist_group(name="pytest_failing_run")

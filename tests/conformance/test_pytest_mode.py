@@ -22,8 +22,10 @@ import pytest
 import nemo_dist.conformance.pytest_plugin  # noqa: F401
 from nemo_dist.conformance import load_checks
 from tests.conformance._cli import (
+    CONFORMANCE_OPTIONS,
     PYTEST_FAILING_ARGS,
     PYTEST_FAILING_FORK,
+    PYTEST_OPTIONS,
     ROOT,
     DirectoryRun,
     clean_env,
@@ -33,9 +35,9 @@ from tests.conformance._cli import (
 load_checks()
 
 #: pytest's options of every run here: tests in file order (no pytest-randomly), no .pytest_cache, quiet.
-_PYTEST = ("-p", "no:randomly", "-p", "no:cacheprovider", "-q")
+_PYTEST = PYTEST_OPTIONS
 #: The conformance suite in worlds of 2, with few examples.
-_CONFORMANCE = ("conformance/", "--dist-world-sizes", "2", "--conformance-max-examples", "3")
+_CONFORMANCE = ("conformance/", *CONFORMANCE_OPTIONS)
 
 
 def _pytest_conformance(*args: str) -> subprocess.CompletedProcess[str]:
