@@ -10,7 +10,7 @@ replaced by placeholders. For the pytest mode it records the collected test ids
 of ``pytest conformance/`` and, for the reference at world size 2, each test's
 outcome.
 
-    python scripts/conformance_snapshot.py OUTDIR [--only SUBSTRING]
+    python scripts/conformance_snapshot.py OUTDIR [--only SUBSTRING ...]
 """
 
 from __future__ import annotations
@@ -45,6 +45,13 @@ GALLERY = {
     "gallery_reversed_order": "gather_reversed",
     "gallery_stacked_global_rank": "AllGather",
     "gallery_subgroup_guard_hangs": "GroupGather",
+}
+
+#: Targets users name most, beyond the forks: a wrapper, a tensor-parallel architecture, an all-to-all callable.
+NAMED = {
+    "ddp_fn_torch": ["--ddp-fn", "torch.nn.parallel:DistributedDataParallel", "--ddp-buffers", "synced"],
+    "tp_arch_qwen3": ["--tp-arch", "Qwen3ForCausalLM"],
+    "a2a_fn_torch": ["--a2a-fn", "torch.distributed.nn.functional:all_to_all_single"],
 }
 
 USAGE_ERRORS = {
@@ -84,8 +91,10 @@ def targets() -> dict[str, list[str]]:
     try:
         importlib.import_module("nemo_automodel.components.loss.dist_utils")
         found["upstream_all"] = ["--preset", "nemo_automodel", "--tier", "all", "--world-sizes", "1,2"]
+        found["upstream_all_w1234"] = ["--preset", "nemo_automodel", "--tier", "all", "--world-sizes", "1,2,3,4"]
     except ImportError:
         pass
+    found.update(NAMED)
     for path in sorted((ROOT / "tests" / "forks").glob("*.py")):
         stem = path.stem
         if stem == "__init__":
@@ -184,17 +193,21 @@ def snapshot_pytest_outcomes(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--only", default="", help="only targets whose name contains this")
+    parser.add_argument("--only", action="append", default=[],
+                        help="only targets whose name contains this (repeatable: any of them)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
+    def wanted(name: str) -> bool:
+        return not args.only or any(part in name for part in args.only)
+
     for name, argv in targets().items():
-        if args.only in name:
+        if wanted(name):
             snapshot_command(name, argv, args.out)
     for name, argv in PYTEST_MODES.items():
-        if args.only in name:
+        if wanted(name):
             snapshot_pytest(name, argv, args.out)
-    if args.only in "pytest_outcomes":
+    if wanted("pytest_outcomes"):
         snapshot_pytest_outcomes(args.out)
 
 
