@@ -1,3 +1,4 @@
-"""``pytest conformance/``: the conformance suite's pytest front end (:mod:`nemo_dist.conformance.pytest_plugin`)."""
+"""``pytest conformance/``: the conformance suite's pytest front end
+(:mod:`nemo_dist.conformance.frontends.pytest_plugin`)."""
 
-pytest_plugins = ["nemo_dist.conformance.pytest_plugin"]
+pytest_plugins = ["nemo_dist.conformance.frontends.pytest_plugin"]

@@ -1,5 +1,6 @@
-"""``pytest conformance/`` from a clone: the installed suite's one test (:mod:`nemo_dist.conformance.pytest_suite`)."""
+"""``pytest conformance/`` from a clone: the installed suite's one test
+(:mod:`nemo_dist.conformance.frontends.pytest_suite`)."""
 
-from nemo_dist.conformance.pytest_suite.test_conformance import test_check_holds
+from nemo_dist.conformance.frontends.pytest_suite.test_conformance import test_check_holds
 
 __all__ = ["test_check_holds"]

@@ -2,9 +2,9 @@
 
 It starts the fork server of the ranks first (outside an env:// world, whose
 ranks start no worlds of their own), so that the server imports torch, the
-suites and what their checks preload (:mod:`nemo_dist.conformance.rank_preload`)
+suites and what their checks preload (:mod:`nemo_dist.conformance.frontends.rank_preload`)
 while this process imports torch and the suites; then it runs the command
-(:func:`nemo_dist.conformance.cli.main`). Nothing here imports torch.
+(:func:`nemo_dist.conformance.frontends.cli.main`). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def main() -> int:
     """Start the ranks' fork server in the background (unless the command only prints: ``--help``, ``--version``,
     ``--list-checks``), then run the command; its exit status."""
     if not launcher.in_env_world() and not _NO_WORLD & set(sys.argv[1:]):
-        launcher.start_fork_server(preload=["nemo_dist.conformance.rank_preload"])
-    from nemo_dist.conformance.cli import main as command
+        launcher.start_fork_server(preload=["nemo_dist.conformance.frontends.rank_preload"])
+    from nemo_dist.conformance.frontends.cli import main as command
 
     return command()
 

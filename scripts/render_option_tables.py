@@ -1,10 +1,11 @@
-"""Rewrite the documentation's option tables from the conformance option table (``nemo_dist.conformance.options``).
+"""Rewrite the documentation's option tables from the conformance option table
+(``nemo_dist.conformance.engine.options``).
 
     python scripts/render_option_tables.py [--check]
 
 Every block between ``<!-- options:NAME -->`` and ``<!-- /options:NAME -->``
 in README.md and docs/*.md is rendered afresh
-(:func:`nemo_dist.conformance.option_docs.render_readme`). With ``--check``
+(:func:`nemo_dist.conformance.frontends.option_docs.render_readme`). With ``--check``
 nothing is written: exit 1 naming each page that differs, 0 when none does.
 """
 
@@ -25,7 +26,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from nemo_dist.conformance.option_docs import render_readme
+    from nemo_dist.conformance.frontends.option_docs import render_readme
 
     stale = []
     for readme in READMES:

@@ -212,19 +212,22 @@ PACKAGE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: The components: the harness never imports them (it imports whatever implementation it is pointed at, by name).
 COMPONENTS = ("nemo_dist.loss", "nemo_dist.distributed")
-#: The layers of nemo_dist.conformance, bottom to top (docs/ARCHITECTURE.md); a package stands for its modules.
-CONFORMANCE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundations", ("errors", "symbols", "signature", "explain", "profile", "thread_warnings", "needs_gpu",
-                     "option_spec", "suites", "options", "versions")),
-    ("what is checked", ("implementation", "importing")),
-    ("how it is called", ("callables", "wrapping")),
-    ("options resolved", ("target",)),
-    ("running", ("deadlines", "registry", "verdicts", "lanes", "report", "junit", "json_report", "runner",
-                 "inworld", "target_raised")),
-    ("suites", ("gather", "ddp", "config", "real_models", "wrapper", "fsdp2", "tp", "a2a", "moe", "pp")),
-    ("the package", ("",)),
-    ("front ends", ("arguments", "option_docs", "cli", "__main__", "pytest_plugin", "pytest_suite", "rank_preload")),
-)
+#: The folders of nemo_dist.conformance, bottom to top: each folder is a layer, and a module's layer is the folder
+#: holding it. The package's ``__init__`` (``load_checks``, ``run_conformance``) stands between the suites and the
+#: front ends, ``__main__`` above them.
+CONFORMANCE_FOLDERS = ("engine", "suites", "frontends")
+CONFORMANCE_ROOT = Path(nemo_dist.__file__).parent / "conformance"
+
+
+def conformance_layers() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The layers of nemo_dist.conformance read from its folders (each must be one of :data:`CONFORMANCE_FOLDERS`)."""
+    folders = {p.name for p in CONFORMANCE_ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(CONFORMANCE_FOLDERS), f"place every folder in CONFORMANCE_FOLDERS: {sorted(folders)}"
+    engine, suites, frontends = ((name, (name,)) for name in CONFORMANCE_FOLDERS)
+    return engine, suites, ("the package", ("",)), frontends, ("the command's module", ("__main__",))
+
+
+CONFORMANCE_LAYERS = conformance_layers()
 
 
 def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...], root: str = "") -> int | None:
@@ -258,7 +261,7 @@ def _described(found: list[list[str]]) -> str:
 def graph() -> Graph:
     """The import graph of the installed nemo_dist, read from its source."""
     found = import_graph("nemo_dist", list(nemo_dist.__path__))
-    assert "nemo_dist.conformance.target" in found.modules  # the walk reached the subpackages
+    assert "nemo_dist.conformance.engine.target" in found.modules  # the walk reached the subpackages
     return found
 
 
@@ -274,13 +277,11 @@ def test_conformance_imports_only_go_down_its_layers(graph: Graph) -> None:
     assert not found, "imports up the layers of nemo_dist.conformance:\n" + "\n".join(found)
 
 
-def test_every_conformance_module_has_a_layer(graph: Graph) -> None:
-    """A new module of nemo_dist.conformance is placed in a layer (here and in docs/ARCHITECTURE.md) before it lands."""
-    unplaced = sorted(
-        m for m in graph.modules
-        if m.startswith("nemo_dist.conformance") and layer_of(m, CONFORMANCE_LAYERS, "nemo_dist.conformance") is None
-    )
-    assert not unplaced, f"place these in CONFORMANCE_LAYERS and docs/ARCHITECTURE.md: {unplaced}"
+def test_the_conformance_top_level_holds_only_the_public_front_and_folders() -> None:
+    """``nemo_dist/conformance/`` holds ``__init__``, ``__main__`` and the layers' folders: every other module sits in
+    the folder of its layer."""
+    top = sorted(p.name for p in CONFORMANCE_ROOT.iterdir() if p.suffix == ".py" or (p.is_dir() and p.name[0] != "_"))
+    assert top == sorted(["__init__.py", "__main__.py", *CONFORMANCE_FOLDERS])
 
 
 def test_the_harness_imports_go_down_and_never_reach_a_component(graph: Graph) -> None:

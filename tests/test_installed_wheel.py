@@ -36,7 +36,7 @@ _OPTIONAL = {"tqdm"}
 #: its distributions, the wheel's requirements, and the closure of distributions those require.
 _PROBE = """
 import json, re, sys, importlib.metadata as m
-from nemo_dist.conformance.cli import main
+from nemo_dist.conformance.frontends.cli import main
 try:
     main(['--help'])
 except SystemExit as exc:
@@ -102,23 +102,24 @@ def test_the_installed_command_starts_and_names_its_versions(installed: Path) ->
 
 def test_the_wheel_holds_every_module_of_the_package_and_the_pytest_suite(installed: Path) -> None:
     """Every module and data file of this tree's package is in the wheel, the pytest front end and the suite it
-    runs (``nemo_dist/conformance/pytest_suite``) included, and installed where the environment imports it."""
+    runs (``nemo_dist/conformance/frontends/pytest_suite``) included, and installed where the environment imports it."""
     package = ROOT / "nemo_dist"
     shipped = {p.relative_to(package).as_posix() for p in package.rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}
     site = next((installed.parent / "lib").glob("python*/site-packages"))
     installed_files = {p.relative_to(site / "nemo_dist").as_posix() for p in (site / "nemo_dist").rglob("*")
                        if p.is_file() and "__pycache__" not in p.parts}
-    assert {"conformance/pytest_plugin.py", "conformance/pytest_suite/test_conformance.py"} <= shipped
+    assert {"conformance/frontends/pytest_plugin.py",
+            "conformance/frontends/pytest_suite/test_conformance.py"} <= shipped
     assert shipped - installed_files == set()
 
 
 @pytest.mark.thorough  # the gate: the suite's files are in the wheel (above); the pytest front end: test_pytest_mode
 def test_the_shipped_pytest_suite_runs_with_pyargs(installed: Path) -> None:
     here = installed.parent.parent / "empty"
-    run = _run([str(installed / "python"), "-m", "pytest", "-p", "nemo_dist.conformance.pytest_plugin", "--pyargs",
-                "nemo_dist.conformance.pytest_suite", "-q", "-p", "no:cacheprovider", "-k", "forward_matches_cat",
-                "--dist-world-sizes", "1"], cwd=here)
+    run = _run([str(installed / "python"), "-m", "pytest", "-p", "nemo_dist.conformance.frontends.pytest_plugin",
+                "--pyargs", "nemo_dist.conformance.frontends.pytest_suite", "-q", "-p", "no:cacheprovider",
+                "-k", "forward_matches_cat", "--dist-world-sizes", "1"], cwd=here)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed" in run.stdout
 

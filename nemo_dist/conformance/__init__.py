@@ -35,16 +35,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below load on first use (:func:`__getattr__`); mypy reads them from here
-    from nemo_dist.conformance.errors import MissingParameter, NotApplicable, NotSupported, OptionError
-    from nemo_dist.conformance.implementation import Implementation
-    from nemo_dist.conformance.json_report import write_json
-    from nemo_dist.conformance.junit import write_junit_xml
-    from nemo_dist.conformance.profile import hypothesis_settings
-    from nemo_dist.conformance.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
-    from nemo_dist.conformance.report import format_report
-    from nemo_dist.conformance.runner import run_case, run_check, run_checks
-    from nemo_dist.conformance.suites import SUITE_PACKAGES
-    from nemo_dist.conformance.target import (
+    from nemo_dist.conformance.engine.declarations import SUITE_PACKAGES
+    from nemo_dist.conformance.engine.errors import MissingParameter, NotApplicable, NotSupported, OptionError
+    from nemo_dist.conformance.engine.implementation import Implementation
+    from nemo_dist.conformance.engine.json_report import write_json
+    from nemo_dist.conformance.engine.junit import write_junit_xml
+    from nemo_dist.conformance.engine.profile import hypothesis_settings
+    from nemo_dist.conformance.engine.registry import CHECKS, TIERS, Case, Check, WorldLike, cases, check, select_checks
+    from nemo_dist.conformance.engine.report import format_report
+    from nemo_dist.conformance.engine.runner import run_case, run_check, run_checks
+    from nemo_dist.conformance.engine.target import (
         COMPONENTS,
         PRESETS,
         REFERENCE,
@@ -52,23 +52,24 @@ if TYPE_CHECKING:  # the names below load on first use (:func:`__getattr__`); my
         resolve_implementation,
         validate_implementation,
     )
-    from nemo_dist.conformance.verdicts import Report, Verdict, is_not_supported
+    from nemo_dist.conformance.engine.verdicts import Report, Verdict, is_not_supported
 
 #: Each public name and the module that defines it: imported when first asked for, so that importing the package
 #: (or any module of it: the option table, the command's parser) imports no suite, torch or hypothesis.
 _EXPORTS = {
-    **dict.fromkeys(("MissingParameter", "NotApplicable", "NotSupported", "OptionError"), "errors"),
-    "Implementation": "implementation",
-    "write_json": "json_report",
-    "write_junit_xml": "junit",
-    "hypothesis_settings": "profile",
-    **dict.fromkeys(("CHECKS", "TIERS", "Case", "Check", "WorldLike", "cases", "check", "select_checks"), "registry"),
-    "format_report": "report",
-    **dict.fromkeys(("run_case", "run_check", "run_checks"), "runner"),
-    "SUITE_PACKAGES": "suites",
+    **dict.fromkeys(("MissingParameter", "NotApplicable", "NotSupported", "OptionError"), "engine.errors"),
+    "Implementation": "engine.implementation",
+    "write_json": "engine.json_report",
+    "write_junit_xml": "engine.junit",
+    "hypothesis_settings": "engine.profile",
+    **dict.fromkeys(("CHECKS", "TIERS", "Case", "Check", "WorldLike", "cases", "check", "select_checks"),
+                     "engine.registry"),
+    "format_report": "engine.report",
+    **dict.fromkeys(("run_case", "run_check", "run_checks"), "engine.runner"),
+    "SUITE_PACKAGES": "engine.declarations",
     **dict.fromkeys(("COMPONENTS", "PRESETS", "REFERENCE", "checked_components", "resolve_implementation",
-                     "validate_implementation"), "target"),
-    **dict.fromkeys(("Report", "Verdict", "is_not_supported"), "verdicts"),
+                     "validate_implementation"), "engine.target"),
+    **dict.fromkeys(("Report", "Verdict", "is_not_supported"), "engine.verdicts"),
 }
 
 __all__ = [
@@ -125,8 +126,8 @@ def load_checks() -> dict[str, Check]:
     """Import the bundled suites (registering their checks); return :data:`CHECKS`, in registration order.
 
     Idempotent; every front end calls it before it selects checks (the package's import loads nothing)."""
-    from nemo_dist.conformance.registry import CHECKS
-    from nemo_dist.conformance.suites import SUITE_PACKAGES
+    from nemo_dist.conformance.engine.declarations import SUITE_PACKAGES
+    from nemo_dist.conformance.engine.registry import CHECKS
 
     for name in SUITE_PACKAGES:
         importlib.import_module(name)
@@ -154,9 +155,9 @@ def run_conformance(
     Raises ``MissingParameter`` (a usage error) when the gather callable's first
     call fails for a parameter no ``gather_kwargs`` fills.
     """
-    from nemo_dist.conformance.registry import select_checks
-    from nemo_dist.conformance.runner import run_checks
-    from nemo_dist.conformance.target import REFERENCE
+    from nemo_dist.conformance.engine.registry import select_checks
+    from nemo_dist.conformance.engine.runner import run_checks
+    from nemo_dist.conformance.engine.target import REFERENCE
 
     impl = REFERENCE if impl is None else impl
     checks = select_checks(load_checks().values(), impl, tier, select, components)

@@ -1,7 +1,7 @@
-"""``python -m nemo_dist.conformance``: the command line (:mod:`nemo_dist.conformance.cli`)."""
+"""``python -m nemo_dist.conformance``: the command line (:mod:`nemo_dist.conformance.frontends.cli`)."""
 
 import sys
 
-from nemo_dist.conformance.cli import main
+from nemo_dist.conformance.frontends.cli import main
 
 sys.exit(main())

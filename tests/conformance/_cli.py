@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import pytest
 
-from nemo_dist.conformance.cli import main
+from nemo_dist.conformance.frontends.cli import main
 
 __all__ = [
     "CONFORMANCE_OPTIONS",

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_dist.conformance import Check, Implementation, NotSupported, WorldLike
-from nemo_dist.conformance.registry import thorough
+from nemo_dist.conformance.engine.registry import thorough
 
 __all__ = [
     "BOTH_ENTRY_POINTS",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_dist.conformance.gather.ranks import _WarmUpGather
+from nemo_dist.conformance.suites.gather.ranks import _WarmUpGather
 
 __all__ = ["gather_ignoring_group", "local_slot_at_global_rank", "local_slot_modulo"]
 

@@ -1,6 +1,6 @@
 """Layer 0: no process group. The checkpointing contract for one block, rule by rule, on hand-made block runs.
 
-:func:`~nemo_dist.conformance.ddp.checkpoint_rules.judge_block` is the one rule
+:func:`~nemo_dist.conformance.suites.ddp.checkpoint_rules.judge_block` is the one rule
 the ddp, real-model and FSDP2 checkpointing checks share: these tests feed it
 the block runs a rank reports and assert its verdict, its message and its
 likely cause, and that a run whose observation saw nothing is reported as
@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from nemo_dist.conformance.ddp.checkpoint_rules import (
+from nemo_dist.conformance.engine.errors import NotApplicable
+from nemo_dist.conformance.suites.ddp.checkpoint_rules import (
     CAUSES,
     CheckpointingFailure,
     judge_block,
     raise_unobserved,
     saves_a_matmul,
 )
-from nemo_dist.conformance.errors import NotApplicable
 
 WHERE = "language.0"
 

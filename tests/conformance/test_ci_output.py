@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from nemo_dist.conformance import REFERENCE, Report, Verdict
-from nemo_dist.conformance.cli import main
-from nemo_dist.conformance.json_report import OUTCOMES, SCHEMA, report_json
-from nemo_dist.conformance.junit import junit_xml
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.versions import package_version
+from nemo_dist.conformance.engine.json_report import OUTCOMES, SCHEMA, report_json
+from nemo_dist.conformance.engine.junit import junit_xml
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.versions import package_version
+from nemo_dist.conformance.frontends.cli import main
 
 
 def _verdict(check: str, outcome: str, tier: str = "core", **kw: Any) -> Verdict:

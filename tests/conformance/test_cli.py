@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_dist.conformance.cli import main
+from nemo_dist.conformance.frontends.cli import main
 from tests.conformance._cli import (
     REFERENCE_ARGS,
     DirectoryRun,
@@ -216,7 +216,7 @@ def test_nccl_runs_only_the_world_sizes_the_visible_gpus_allow(
     sizes: tuple[int, ...], gpus: int, fit: tuple[int, ...], left_out: tuple[int, ...]
 ) -> None:
     """One GPU per rank: sizes above the visible count are left out, each named once with its reason."""
-    from nemo_dist.conformance.cli import fitting_world_sizes
+    from nemo_dist.conformance.frontends.cli import fitting_world_sizes
 
     got, notes = fitting_world_sizes(sizes, gpus)
     assert got == fit

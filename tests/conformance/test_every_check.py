@@ -40,8 +40,8 @@ import warnings
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Case, Implementation, cases, format_report, load_checks, run_case
-from nemo_dist.conformance.implementation import DDPWrapper
-from nemo_dist.conformance.verdicts import Report
+from nemo_dist.conformance.engine.implementation import DDPWrapper
+from nemo_dist.conformance.engine.verdicts import Report
 from nemo_dist.testing.plugin import WorldFactory, selected_world_sizes
 from tests import targets
 

@@ -46,9 +46,9 @@ from nemo_dist.conformance import (
     run_checks,
 )
 from nemo_dist.conformance import select_checks as select
-from nemo_dist.conformance.gather.checks import FIXED_IN_PLACE_EXAMPLE
-from nemo_dist.conformance.profile import changed_profile
-from nemo_dist.conformance.target import SUITE_TARGETS
+from nemo_dist.conformance.engine.profile import changed_profile
+from nemo_dist.conformance.engine.target import SUITE_TARGETS
+from nemo_dist.conformance.suites.gather.checks import FIXED_IN_PLACE_EXAMPLE
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance._fork_guards import GUARDS, LIKELY_CAUSES
 
@@ -268,9 +268,9 @@ def test_the_subgroup_global_rank_cause_is_named_from_the_fixed_interleaved_exam
 ) -> None:
     """The cause of the check's fixed example ({0, 2} and {1}, which runs when hypothesis found nothing) is named:
     {1} gathers nothing, so it is right whatever rank it reads (a random seed once drew that path, causeless)."""
-    from nemo_dist.conformance.gather.diagnosis import CAUSES
-    from nemo_dist.conformance.gather.group_diagnosis import uneven_group_cause
-    from nemo_dist.conformance.gather.properties import interleaved_partition
+    from nemo_dist.conformance.suites.gather.diagnosis import CAUSES
+    from nemo_dist.conformance.suites.gather.group_diagnosis import uneven_group_cause
+    from nemo_dist.conformance.suites.gather.properties import interleaved_partition
 
     impl, _, _ = TARGETS[fork]
     example = {"shape": (1, 3), "dtype": torch.float32, "partition": interleaved_partition(3)}

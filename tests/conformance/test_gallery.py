@@ -20,11 +20,11 @@ import torch
 from hypothesis import Phase
 
 from nemo_dist.conformance import Implementation, OptionError, Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance.arguments import option_name
-from nemo_dist.conformance.gather import ranks
-from nemo_dist.conformance.gather.diagnosis import CAUSES
-from nemo_dist.conformance.profile import changed_profile
-from nemo_dist.conformance.report import format_report
+from nemo_dist.conformance.engine.profile import changed_profile
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.frontends.arguments import option_name
+from nemo_dist.conformance.suites.gather import ranks
+from nemo_dist.conformance.suites.gather.diagnosis import CAUSES
 from nemo_dist.testing.plugin import WorldFactory
 
 SIZES = (2, 3)

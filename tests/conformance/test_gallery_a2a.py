@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance.a2a.causes import (
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.target import resolve_implementation, validate_implementation
+from nemo_dist.conformance.suites.a2a.causes import (
     DETACHED,
     IN_PLACE,
     LOWER_DTYPE,
@@ -24,11 +26,9 @@ from nemo_dist.conformance.a2a.causes import (
     PERMUTED,
     REDUCED,
 )
-from nemo_dist.conformance.a2a.causes import (
+from nemo_dist.conformance.suites.a2a.causes import (
     GROUP as GROUP_CAUSE,
 )
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.target import resolve_implementation, validate_implementation
 from nemo_dist.testing.plugin import WorldFactory
 
 G = "tests.forks.gallery_a2a_"

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.target import OptionError, resolve_implementation, validate_implementation
-from nemo_dist.conformance.wrapper.diagnosis import CAUSES
-from nemo_dist.conformance.wrapping import parse_wrapper
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.target import OptionError, resolve_implementation, validate_implementation
+from nemo_dist.conformance.engine.wrapping import parse_wrapper
+from nemo_dist.conformance.suites.wrapper.diagnosis import CAUSES
 from nemo_dist.testing.plugin import WorldFactory
 
 SIZES = (1, 2)

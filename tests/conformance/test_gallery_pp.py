@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.target import resolve_implementation, validate_implementation
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.target import resolve_implementation, validate_implementation
 from nemo_dist.testing.plugin import WorldFactory
 from tests import targets
 

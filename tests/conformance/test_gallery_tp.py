@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.target import resolve_implementation, validate_implementation
-from nemo_dist.conformance.tp.causes import CAUSES, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.target import resolve_implementation, validate_implementation
+from nemo_dist.conformance.suites.tp.causes import CAUSES, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC
 from nemo_dist.testing.plugin import WorldFactory
 from tests import targets
 

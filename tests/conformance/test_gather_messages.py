@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from nemo_dist.conformance import Implementation, Report, load_checks, run_checks
-from nemo_dist.conformance.gather.diagnosis import CAUSES
-from nemo_dist.conformance.gather.target import _as_cat, describe
-from nemo_dist.conformance.report import format_report
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.suites.gather.diagnosis import CAUSES
+from nemo_dist.conformance.suites.gather.target import _as_cat, describe
 from nemo_dist.testing.plugin import WorldFactory
 
 ZERO_DIM = "gather.zero_dim_raises_on_every_rank"

@@ -18,7 +18,7 @@ from hypothesis import Phase, core, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from nemo_dist.conformance.profile import (
+from nemo_dist.conformance.engine.profile import (
     changed_profile,
     default_hypothesis_dir,
     hypothesis_settings,

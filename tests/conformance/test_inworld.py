@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Verdict
-from nemo_dist.conformance.inworld import InWorld, run_in_world
+from nemo_dist.conformance.frontends.inworld import InWorld, run_in_world
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
 

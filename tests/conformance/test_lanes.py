@@ -14,9 +14,9 @@ import warnings
 import pytest
 
 from nemo_dist.conformance import REFERENCE, run_checks
-from nemo_dist.conformance.lanes import InOrder, deal, run_lanes
-from nemo_dist.conformance.thread_warnings import ThreadWarnings, ignoring, recording
-from nemo_dist.conformance.verdicts import Verdict
+from nemo_dist.conformance.engine.lanes import InOrder, deal, run_lanes
+from nemo_dist.conformance.engine.thread_warnings import ThreadWarnings, ignoring, recording
+from nemo_dist.conformance.engine.verdicts import Verdict
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake
 

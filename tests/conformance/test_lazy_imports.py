@@ -11,11 +11,11 @@ import json
 import subprocess
 import sys
 
-from nemo_dist.conformance.suites import SUITE_PACKAGES
+from nemo_dist.conformance.engine.declarations import SUITE_PACKAGES
 
 _PROBE = """
 import json, sys
-from nemo_dist.conformance.cli import main
+from nemo_dist.conformance.frontends.cli import main
 codes = []
 for argv in (["--help"], ["--tier", "bogus"], ["--world-sizes", "0"]):
     try:
@@ -39,7 +39,7 @@ def test_help_and_usage_errors_import_no_suite_no_hypothesis_no_torch() -> None:
 
 def test_the_registry_fills_on_first_use() -> None:
     """A fresh import of the package registers no check until :func:`load_checks` is called; then every suite's."""
-    probe = ("import nemo_dist.conformance as c, nemo_dist.conformance.registry as r; before = len(r.CHECKS); "
+    probe = ("import nemo_dist.conformance as c, nemo_dist.conformance.engine.registry as r; before = len(r.CHECKS); "
              "c.load_checks(); print(before, len({k.split('.')[0] for k in r.CHECKS}))")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr

@@ -1,8 +1,8 @@
 """Layer 1 (one process): the rank side's model copies and the batched closeness test.
 
-:func:`~nemo_dist.conformance.ddp.templates.fresh_copy` stands in for
+:func:`~nemo_dist.conformance.suites.ddp.templates.fresh_copy` stands in for
 ``copy.deepcopy`` of a built model in every DDP check, and
-:func:`~nemo_dist.conformance.ddp.expectations.lists_plainly_close` for a
+:func:`~nemo_dist.conformance.suites.ddp.expectations.lists_plainly_close` for a
 comparison per tensor pair: each must answer exactly as what it replaces.
 """
 
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from nemo_dist.conformance.ddp.expectations import TOLERANCE_FLOAT64, _plainly_close, lists_plainly_close
-from nemo_dist.conformance.ddp.models import _MultimodalModel
-from nemo_dist.conformance.ddp.templates import fresh_copy, seeded_template
+from nemo_dist.conformance.suites.ddp.expectations import TOLERANCE_FLOAT64, _plainly_close, lists_plainly_close
+from nemo_dist.conformance.suites.ddp.models import _MultimodalModel
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy, seeded_template
 from tests import targets
 
 
@@ -87,7 +87,7 @@ def test_seeded_template_matches_building_and_leaves_the_generator_as_building_d
 
 def test_fresh_copy_of_a_real_transformers_model_trains_like_a_deepcopy() -> None:
     targets.import_target("transformers")
-    from nemo_dist.conformance.real_models import ranks
+    from nemo_dist.conformance.suites.real_models import ranks
 
     for name, arch in ranks.ARCHITECTURES.items():
         model = seeded_template(arch.build, 20, torch.float64)

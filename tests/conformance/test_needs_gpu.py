@@ -1,6 +1,6 @@
 """Layer 0 (no process group): one rule says whether a failure needs a GPU, from each kind of evidence it leaves.
 
-:func:`~nemo_dist.conformance.needs_gpu.gpu_need` replaced two detectors
+:func:`~nemo_dist.conformance.engine.needs_gpu.gpu_need` replaced two detectors
 (the gather side's ``mentions_cuda``, the wrapper side's ``_needs_cuda``) and
 the pytest mode's reading of rank tracebacks. A yes is a usage error (or a
 "Likely cause" note), so the rule must say yes wherever an old one did: the
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from nemo_dist.conformance.implementation import Implementation
-from nemo_dist.conformance.needs_gpu import gpu_need
-from nemo_dist.conformance.pytest_plugin import _cuda_cause
+from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.engine.needs_gpu import gpu_need
+from nemo_dist.conformance.frontends.pytest_plugin import _cuda_cause
 from nemo_dist.testing import RankFailure
 
 
@@ -93,7 +93,7 @@ _CUDA_IN_A_PATH = _in_file(
 
 _ASSERT_TEXT = """rank 0 raised AssertionError:\x20
 Traceback (most recent call last):
-  File "/work/nemo_dist/conformance/gather/target.py", line 120, in first_call
+  File "/work/nemo_dist/conformance/suites/gather/target.py", line 120, in first_call
     return self.gather(x)
   File "/work/tests/forks/gallery_gather_asserts_cuda.py", line 40, in gather_on_cuda
     assert x.is_cuda

@@ -3,7 +3,7 @@
 Each policy of ``tests/forks/gallery_checkpointing_*`` is applied, as its
 fork applies it, to the hand-made model of the ddp suite and to the FSDP2
 suite's language model, and one step runs under the rank-side observer
-(:func:`~nemo_dist.conformance.ddp.op_ranks.observe_blocks`) with the policy
+(:func:`~nemo_dist.conformance.suites.ddp.op_ranks.observe_blocks`) with the policy
 active: every block's attention and MLP are seen running forward and every
 one of its matmuls and other ops is counted there (4 matmuls and 3 other ops
 per block), whatever the policy saves; what is counted again in backward is
@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import torch
 
-from nemo_dist.conformance.ddp.checkpoint_rules import judge_block
-from nemo_dist.conformance.ddp.models import _MultimodalModel, multimodal_blocks
-from nemo_dist.conformance.ddp.op_ranks import counted_parts, observe_blocks
-from nemo_dist.conformance.fsdp2.models import blocks as lm_blocks
-from nemo_dist.conformance.fsdp2.models import tiny_lm
+from nemo_dist.conformance.suites.ddp.checkpoint_rules import judge_block
+from nemo_dist.conformance.suites.ddp.models import _MultimodalModel, multimodal_blocks
+from nemo_dist.conformance.suites.ddp.op_ranks import counted_parts, observe_blocks
+from nemo_dist.conformance.suites.fsdp2.models import blocks as lm_blocks
+from nemo_dist.conformance.suites.fsdp2.models import tiny_lm
 from tests.conformance.test_gallery_checkpointing import CORRECT, M
 from tests.forks._checkpointing import select_blocks
 

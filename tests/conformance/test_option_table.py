@@ -13,12 +13,13 @@ import pytest
 
 # Imported before any in-process pytest run: pytester removes afterwards the modules a run imported, and torch
 # cannot be imported twice in one process.
-import nemo_dist.conformance.pytest_plugin as plugin
-from nemo_dist.conformance import arguments, option_docs, options
-from nemo_dist.conformance.option_spec import COMMAND, PYTEST, PYTEST_PREFIX, Option
+import nemo_dist.conformance.frontends.pytest_plugin as plugin
+from nemo_dist.conformance.engine import options
+from nemo_dist.conformance.engine.option_spec import COMMAND, PYTEST, PYTEST_PREFIX, Option
+from nemo_dist.conformance.frontends import arguments, option_docs
 from tests.conformance._cli import ROOT
 
-_PLUGIN = ("-p", "nemo_dist.conformance.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+_PLUGIN = ("-p", "nemo_dist.conformance.frontends.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 #: The pages whose option tables are rendered (scripts/render_option_tables.py renders the same ones).
 _READMES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 
@@ -147,13 +148,13 @@ def test_help_names_other_options_as_each_front_end_spells_them() -> None:
 def test_choices_and_defaults_repeat_the_engine_constants() -> None:
     """The table's choices and defaults are the engine's (which import torch); help or metavar lists the choices."""
     from nemo_dist.conformance import PRESETS, TIERS
-    from nemo_dist.conformance.deadlines import FLOOR_S
-    from nemo_dist.conformance.moe.target import AUX_REDUCTIONS, MESHES
-    from nemo_dist.conformance.moe.target import REDUCTIONS as MOE_REDUCTIONS
-    from nemo_dist.conformance.pp.target import CONVENTIONS
-    from nemo_dist.conformance.pp.target import DTYPES as PP_DTYPES
-    from nemo_dist.conformance.target import GATHER_FORMS
-    from nemo_dist.conformance.wrapping import BUFFERS, DTYPES, REDUCTIONS, STARTS
+    from nemo_dist.conformance.engine.deadlines import FLOOR_S
+    from nemo_dist.conformance.engine.target import GATHER_FORMS
+    from nemo_dist.conformance.engine.wrapping import BUFFERS, DTYPES, REDUCTIONS, STARTS
+    from nemo_dist.conformance.suites.moe.target import AUX_REDUCTIONS, MESHES
+    from nemo_dist.conformance.suites.moe.target import REDUCTIONS as MOE_REDUCTIONS
+    from nemo_dist.conformance.suites.pp.target import CONVENTIONS
+    from nemo_dist.conformance.suites.pp.target import DTYPES as PP_DTYPES
 
     engine = {"gather_form": GATHER_FORMS, "tier": TIERS, "preset": tuple(PRESETS), "ddp_reduction": REDUCTIONS,
               "ddp_buffers": BUFFERS, "ddp_start": STARTS, "backend": ("gloo", "nccl"),
@@ -165,14 +166,14 @@ def test_choices_and_defaults_repeat_the_engine_constants() -> None:
         text = f"{options.option(field).metavar} {options.option(field).help}"
         assert all(re.search(rf"\b{choice}\b", text) for choice in choices), text
     assert str(FLOOR_S).removesuffix(".0") == options.DEFAULT_MIN_DEADLINE
-    from nemo_dist.conformance.moe.target import LOSS_SCALES
+    from nemo_dist.conformance.suites.moe.target import LOSS_SCALES
 
     assert all(f"`{scale}`" in (options.option("moe_loss_scale").kind or "") for scale in LOSS_SCALES)
 
 
 def test_every_wrapper_option_field_is_an_option_of_both_front_ends() -> None:
     """``wrapper_from_options`` reads each ``--ddp-fn`` field from either front end: each is declared in both."""
-    from nemo_dist.conformance.wrapping import WRAPPER_OPTION_FIELDS
+    from nemo_dist.conformance.engine.wrapping import WRAPPER_OPTION_FIELDS
 
     both = {o.dest for o in options.OPTIONS if set(o.front_ends) == {COMMAND, PYTEST}}
     assert set(WRAPPER_OPTION_FIELDS) <= both
@@ -182,8 +183,8 @@ def test_every_option_naming_what_is_checked_is_read_by_both_front_ends_through_
     """The options of the README's "what it names" table are exactly those ``implementation_from_options`` and
     ``wrapper_from_options`` read (so a new one reaches both front ends by the table and that one tuple), each
     declared in both front ends."""
-    from nemo_dist.conformance.target import IMPLEMENTATION_OPTION_FIELDS
-    from nemo_dist.conformance.wrapping import WRAPPER_OPTION_FIELDS
+    from nemo_dist.conformance.engine.target import IMPLEMENTATION_OPTION_FIELDS
+    from nemo_dist.conformance.engine.wrapping import WRAPPER_OPTION_FIELDS
 
     naming = {o.dest for o in options.OPTIONS if any(doc.table == "names" for doc in o.docs)}
     both = {o.dest for o in options.OPTIONS if set(o.front_ends) == {COMMAND, PYTEST}}
@@ -357,8 +358,8 @@ def test_the_default_cells_are_what_the_engine_applies_to_an_option_not_given() 
     option left out (a fake implementation given no suite option)."""
     from types import SimpleNamespace
 
-    from nemo_dist.conformance.moe import target as moe
-    from nemo_dist.conformance.wrapping import parse_wrapper
+    from nemo_dist.conformance.engine.wrapping import parse_wrapper
+    from nemo_dist.conformance.suites.moe import target as moe
 
     wrapper = parse_wrapper(ddp_fn="m:f")
     assert wrapper is not None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_dist.conformance.pp.causes import cause_of, exact_factor
+from nemo_dist.conformance.suites.pp.causes import cause_of, exact_factor
 
 SIZES = {"M": 4.0, "1/M": 0.25, "tokens": 48.0, "tokens/M": 12.0}
 

@@ -1,6 +1,6 @@
 """Layers 0 and 2: the precision contract of the gather.
 
-Layer 0 (no process): the bound of :func:`~nemo_dist.conformance.gather.
+Layer 0 (no process): the bound of :func:`~nemo_dist.conformance.suites.gather.
 precision.reduction_bound` holds for every correct way of summing W gradients
 in their own dtype (each summation order, a tree, a wider accumulator, a mean
 rescaled), bfloat16 and float16 included, and is exceeded by a reduction in a
@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_dist.conformance import Implementation, format_report, load_checks, run_checks
-from nemo_dist.conformance.gather.precision import exact_grads, lower_precisions, reduction_bound
-from nemo_dist.conformance.verdicts import Verdict
+from nemo_dist.conformance.engine.verdicts import Verdict
+from nemo_dist.conformance.suites.gather.precision import exact_grads, lower_precisions, reduction_bound
 from nemo_dist.testing import strategies as ds
 from nemo_dist.testing.plugin import WorldFactory
 

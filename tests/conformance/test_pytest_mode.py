@@ -19,7 +19,7 @@ import pytest
 
 # Imported here, before any in-process run: pytester removes afterwards the modules a run imported, and
 # torch cannot be imported twice in one process, nor a suite's checks registered twice.
-import nemo_dist.conformance.pytest_plugin  # noqa: F401
+import nemo_dist.conformance.frontends.pytest_plugin  # noqa: F401
 from nemo_dist.conformance import load_checks
 from tests.conformance._cli import (
     CONFORMANCE_OPTIONS,
@@ -232,7 +232,7 @@ _SUMMED = ("--conformance-ddp-fn", "tests.forks.gallery_ddp_summed:DataParallel"
 @pytest.mark.thorough  # the same wrapper's cause: test_gallery_ddp's "summed" row (in process); options: one table
 def test_a_ddp_fn_wrapper_fails_under_pytest_with_its_likely_cause() -> None:
     """A wrapper summing gradients, held to the default mean, fails training under pytest with that cause."""
-    from nemo_dist.conformance.wrapper.diagnosis import CAUSES
+    from nemo_dist.conformance.suites.wrapper.diagnosis import CAUSES
 
     result = _pytest_conformance(*_SUMMED)
     assert result.returncode == 1, result.stdout + result.stderr

@@ -1,6 +1,6 @@
 """Layer 2: a gloo world of 2 ranks. The real-transformers checkpointing check fails forks that checkpoint wrongly.
 
-The check (``nemo_dist.conformance.real_models.checks``) builds tiny Qwen2-VL
+The check (``nemo_dist.conformance.suites.real_models.checks``) builds tiny Qwen2-VL
 and Qwen2-Audio models from configs on every rank, freezes a block, drives
 each tower with synthetic inputs and, per scope, expects the attention and
 MLP of exactly the selected trainable blocks to run again in backward. The
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Implementation
-from nemo_dist.conformance.real_models.checks import checkpointing_real_models
+from nemo_dist.conformance.suites.real_models.checks import checkpointing_real_models
 from nemo_dist.testing.plugin import WorldFactory
 from tests import targets
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Check, Implementation, NotSupported, Report, Verdict, select_checks
-from nemo_dist.conformance.explain import Finding, fold_tool_frames
-from nemo_dist.conformance.junit import write_junit_xml
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.verdicts import is_not_supported
+from nemo_dist.conformance.engine.explain import Finding, fold_tool_frames
+from nemo_dist.conformance.engine.junit import write_junit_xml
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.verdicts import is_not_supported
 from nemo_dist.testing import RankFailure
 
 
@@ -212,7 +212,7 @@ RANK_TRACEBACK = """Traceback (most recent call last):
   File "/site/nemo_dist/testing/_rank.py", line 80, in _answer
     value: Any = fn(*args, **kwargs)
                  ^^^^^^^^^^^^^^^^^^^
-  File "/site/nemo_dist/conformance/gather/ranks.py", line 120, in backward
+  File "/site/nemo_dist/conformance/suites/gather/ranks.py", line 120, in backward
     out.backward(g)
   File "/site/torch/_tensor.py", line 623, in backward
     torch.autograd.backward(

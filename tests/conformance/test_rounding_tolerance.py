@@ -1,10 +1,10 @@
 """Layer 1: the tolerance derived from a dtype's rounding, with no world.
 
-:func:`~nemo_dist.conformance.ddp.expectations.rounding_tolerance` scales a
+:func:`~nemo_dist.conformance.suites.ddp.expectations.rounding_tolerance` scales a
 dtype's unit roundoff by a count of roundings and the size of the values
-compared; :func:`~nemo_dist.conformance.ddp.expectations.assert_close_rounded`
+compared; :func:`~nemo_dist.conformance.suites.ddp.expectations.assert_close_rounded`
 holds tensors to it (per tensor, or on the largest value of all), and
-:func:`~nemo_dist.conformance.ddp.expectations.computed_in` picks the less
+:func:`~nemo_dist.conformance.suites.ddp.expectations.computed_in` picks the less
 precise of a rank's parameter dtype and a declared compute dtype.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_dist.conformance.ddp.expectations import (
+from nemo_dist.conformance.suites.ddp.expectations import (
     assert_close_rounded,
     computed_in,
     rounding_tolerance,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Report, format_report, run_checks
-from nemo_dist.conformance.deadlines import Deadlines, DeadlineWorld, StepHung
-from nemo_dist.conformance.profile import changed_profile
-from nemo_dist.conformance.registry import thorough
+from nemo_dist.conformance.engine.deadlines import Deadlines, DeadlineWorld, StepHung
+from nemo_dist.conformance.engine.profile import changed_profile
+from nemo_dist.conformance.engine.registry import thorough
 from nemo_dist.testing import World
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance import _fake_checks as fake

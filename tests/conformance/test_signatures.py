@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from nemo_dist.conformance import Implementation, MissingParameter, load_checks, run_checks, select_checks
-from nemo_dist.conformance.cli import main
-from nemo_dist.conformance.gather.target import _as_cat
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.signature import arguments, missing_in, parameters_after_x
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.signature import arguments, missing_in, parameters_after_x
+from nemo_dist.conformance.frontends.cli import main
+from nemo_dist.conformance.suites.gather.target import _as_cat
 from nemo_dist.testing.plugin import WorldFactory
 from tests.conformance._cli import run_in_process
 from tests.forks import gallery_gather_forward_reduce_scatter_backward as colossal

@@ -1,4 +1,5 @@
-"""A suite's own component, declared to the engine (:mod:`nemo_dist.conformance.suites`): layer 0, no process group.
+"""A suite's own component, declared to the engine
+(:mod:`nemo_dist.conformance.engine.declarations`): layer 0, no process group.
 
 The engine resolves a suite's options into the implementation without knowing
 the suite: a component is checked when any of its fields is given, a preset
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_dist.conformance import target
-from nemo_dist.conformance.suites import SuiteTarget
+from nemo_dist.conformance.engine import target
+from nemo_dist.conformance.engine.declarations import SuiteTarget
 
 _DEMO = SuiteTarget(
     component="demo",
@@ -78,8 +79,8 @@ def test_every_suite_validates_an_implementation_that_names_none_of_its_options(
     """Validating every component (the default) of an implementation naming no suite option raises nothing: a
     suite's validation judges only what its options name (the pp suite's once refused every run that named no
     pipeline, ddp galleries included)."""
-    from nemo_dist.conformance.implementation import Implementation
-    from nemo_dist.conformance.suites import suite_targets
+    from nemo_dist.conformance.engine.declarations import suite_targets
+    from nemo_dist.conformance.engine.implementation import Implementation
 
     assert [t.component for t in suite_targets() if t.validate], "no suite declares a validation"
     target.validate_implementation(Implementation())

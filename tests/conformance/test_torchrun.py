@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from nemo_dist.conformance import arguments, cli
+from nemo_dist.conformance.frontends import arguments, cli
 from tests.conformance._cli import failure_section, run_torchrun, shared_torchrun
 
 

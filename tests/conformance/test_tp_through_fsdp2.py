@@ -10,8 +10,8 @@ upstream's layout: tp 4, and dp 2 x tp 2 with the component's own FSDP2.
 from __future__ import annotations
 
 from nemo_dist.conformance import load_checks, run_checks, select_checks
-from nemo_dist.conformance.report import format_report
-from nemo_dist.conformance.target import resolve_implementation, validate_implementation
+from nemo_dist.conformance.engine.report import format_report
+from nemo_dist.conformance.engine.target import resolve_implementation, validate_implementation
 from nemo_dist.testing.plugin import WorldFactory
 
 

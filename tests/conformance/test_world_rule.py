@@ -8,7 +8,7 @@ runner reports it NOT APPLICABLE with the rule's own reason.
 from __future__ import annotations
 
 from nemo_dist.conformance import REFERENCE, Check, Implementation, WorldLike, cases, run_case
-from nemo_dist.conformance.registry import WorldRule
+from nemo_dist.conformance.engine.registry import WorldRule
 from nemo_dist.testing.plugin import WorldFactory
 
 

@@ -3,7 +3,7 @@
 Usage errors run in this process through ``main(argv)``: each exits 2
 before any world starts, saying what is wrong and how to fix it. Then how a
 wrapper is called (where the model goes, which DDP fields it can take) and
-the claim of :mod:`nemo_dist.conformance.wrapper.exact`: where it says
+the claim of :mod:`nemo_dist.conformance.suites.wrapper.exact`: where it says
 float64 is exact, one process's float64 training equals it bit for bit.
 """
 
@@ -17,12 +17,12 @@ import torch
 from torch.distributed import ProcessGroup
 
 from nemo_dist.conformance import NotSupported
-from nemo_dist.conformance.cli import main
-from nemo_dist.conformance.ddp.wrapped import field_keywords
-from nemo_dist.conformance.wrapper import ranks
-from nemo_dist.conformance.wrapper.checks import FIXED_EXAMPLES, STEPS
-from nemo_dist.conformance.wrapper.exact import exact_training
-from nemo_dist.conformance.wrapping import call_arguments, parse_wrapper
+from nemo_dist.conformance.engine.wrapping import call_arguments, parse_wrapper
+from nemo_dist.conformance.frontends.cli import main
+from nemo_dist.conformance.suites.ddp.wrapped import field_keywords
+from nemo_dist.conformance.suites.wrapper import ranks
+from nemo_dist.conformance.suites.wrapper.checks import FIXED_EXAMPLES, STEPS
+from nemo_dist.conformance.suites.wrapper.exact import exact_training
 
 G = "tests.forks.gallery_ddp_"
 
@@ -169,10 +169,10 @@ def test_a_mean_over_three_ranks_is_not_claimed_exact() -> None:
 
 def test_a_factory_value_is_made_once_per_rank_for_gather_and_wrapper_calls() -> None:
     """``MODULE:NAME()`` is stored as text, then called once per process: every call gets the same object."""
-    from nemo_dist.conformance.ddp.wrapped import filled_keywords
-    from nemo_dist.conformance.gather.calls import filled
-    from nemo_dist.conformance.implementation import DDPWrapper
-    from nemo_dist.conformance.symbols import Factory, value_of
+    from nemo_dist.conformance.engine.implementation import DDPWrapper
+    from nemo_dist.conformance.engine.symbols import Factory, value_of
+    from nemo_dist.conformance.suites.ddp.wrapped import filled_keywords
+    from nemo_dist.conformance.suites.gather.calls import filled
 
     text = G + "device_strategy:LocalEnvironment()"
     assert value_of(text) == Factory(G + "device_strategy:LocalEnvironment")
@@ -205,7 +205,7 @@ def _takes_devices(model: Any, devices: list[torch.device] | None = None, mesh: 
 )
 def test_mesh_takes_the_form_the_receiving_parameter_wants(fn: Any, name: str, form: str) -> None:
     """@mesh becomes a process group or a device list where the annotation (or else the name) asks for one."""
-    from nemo_dist.conformance.ddp.mesh import mesh_form
+    from nemo_dist.conformance.suites.ddp.mesh import mesh_form
 
     parameter = inspect.signature(fn).parameters.get(name)
     assert mesh_form(name, parameter) == form

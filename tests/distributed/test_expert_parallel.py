@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_dist.conformance.moe.layer import TinyMoE
+from nemo_dist.conformance.suites.moe.layer import TinyMoE
 from nemo_dist.distributed.expert_parallel import parallelize_experts
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_dist.conformance.pp.models import TinyPipelineLM
+from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
 from nemo_dist.distributed import pipeline_parallel as pp
 from nemo_dist.testing.plugin import WorldFactory
 

@@ -14,7 +14,7 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
-from nemo_dist.conformance.tp.models import TinyConfig, TinyLlamaForCausalLM
+from nemo_dist.conformance.suites.tp.models import TinyConfig, TinyLlamaForCausalLM
 from nemo_dist.distributed import tensor_parallel as tp
 from tests import targets
 

@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import RowwiseParallel
 
-from nemo_dist.conformance.tp.models import TinyConfig, TinyLlamaForCausalLM
+from nemo_dist.conformance.suites.tp.models import TinyConfig, TinyLlamaForCausalLM
 
 __all__ = ["PartialRowwise", "local_heads", "megatron", "retie", "tiny_model"]
 

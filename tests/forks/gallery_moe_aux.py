@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nemo_dist.conformance.moe.layer import TinyMoE
-from nemo_dist.conformance.moe.target import AUX_WEIGHT
+from nemo_dist.conformance.suites.moe.layer import TinyMoE
+from nemo_dist.conformance.suites.moe.target import AUX_WEIGHT
 from tests.forks._composition import composed, sizes_of
 
 

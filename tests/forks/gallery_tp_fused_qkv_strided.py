@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from nemo_dist.conformance.tp.models import TinyConfig, TinyLlamaForCausalLM
+from nemo_dist.conformance.suites.tp.models import TinyConfig, TinyLlamaForCausalLM
 from tests.forks._tensor_parallel import _CopyToRegion, megatron
 
 

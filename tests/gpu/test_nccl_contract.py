@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nemo_dist.conformance import REFERENCE, Case, cases, is_not_supported, load_checks
-from nemo_dist.conformance.gather import ranks as gather_ranks
+from nemo_dist.conformance.suites.gather import ranks as gather_ranks
 from nemo_dist.testing.plugin import WorldFactory
 from tests.gpu import nccl_rank_fns
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from nemo_dist.conformance.gather import ranks as ranks
-from nemo_dist.conformance.target import REFERENCE
+from nemo_dist.conformance.engine.target import REFERENCE
+from nemo_dist.conformance.suites.gather import ranks as ranks
 from nemo_dist.testing.plugin import WorldFactory
 
 f32, f64 = torch.float32, torch.float64

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_dist.conformance.gather.ranks import same_bits
+from nemo_dist.conformance.suites.gather.ranks import same_bits
 from nemo_dist.testing import strategies as ds
 
 

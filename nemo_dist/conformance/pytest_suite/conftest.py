@@ -1,3 +1,0 @@
-"""Loads the conformance front end for the suite beside it (a conftest of the initial path may name plugins)."""
-
-pytest_plugins = ["nemo_dist.conformance.pytest_plugin"]

@@ -1,0 +1,56 @@
+"""What the pp suite's ranks send the parent: typed, so that every read of a rank's report is checked by mypy.
+
+A rank whose target raised sends no report: the parent reads the raise
+(:mod:`~nemo_dist.conformance.engine.target_raised`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Difference", "NormTwice", "PipelineRun"]
+
+#: ``(max |got - want|, max(1, max |want|), got's least-squares multiple of want, what that multiple leaves)``:
+#: :func:`~.ranks.difference`.
+Difference = tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class NormTwice:
+    """One process with its final norm applied twice, against this rank's first step: ``loss`` (the variant's,
+    where the rank reports one) and ``grads`` (each held parameter's gradient against the variant's)."""
+
+    loss: float | None
+    grads: dict[str, Difference]
+
+
+@dataclass
+class PipelineRun:
+    """One rank's build and steps of the target's pipeline beside one process (:func:`~.ranks.run`).
+
+    ``held``: ``(stage index, name in the stage, the model's name or None)`` of every parameter this rank's
+    stages hold; ``stages``: their indices; ``microbatches`` and ``tokens`` (the batch's label tokens);
+    ``names``: the model's parameter names; ``tolerance``: the relative one of the compute dtype. After the
+    first step: ``loss`` (``(got, one process's)``, where this rank's last stage reports one), ``grads`` (by
+    label: each held parameter's gradient against one process's, None where it got none and one process's is
+    nonzero), ``copies`` and ``want_copies`` (the gradients of each stage's copy of a tied weight, and one
+    process's), ``norm_twice`` (only where the first step is off). After the second: ``carried`` (:func:`~.ranks.
+    _carried`). After the last: ``params`` (each held parameter against one process's, None where unknown) and
+    ``steps`` (the optimizers, in order).
+    """
+
+    held: list[tuple[int, str, str | None]]
+    stages: list[int]
+    microbatches: int
+    tokens: int
+    names: list[str]
+    tolerance: float
+    loss: tuple[float, float] | None = None
+    grads: dict[str, Difference | None] = field(default_factory=dict)
+    copies: list[tuple[int, str | None, Any]] = field(default_factory=list)
+    want_copies: dict[str, Any] = field(default_factory=dict)
+    norm_twice: NormTwice | None = None
+    carried: tuple[float, float] | None = None
+    params: dict[str, Difference | None] = field(default_factory=dict)
+    steps: list[str] = field(default_factory=list)
