@@ -215,7 +215,7 @@ COMPONENTS = ("nemo_dist.loss", "nemo_dist.distributed")
 #: The folders of nemo_dist.conformance, bottom to top: each folder is a layer, and a module's layer is the folder
 #: holding it. The package's ``__init__`` (``load_checks``, ``run_conformance``) stands between the suites and the
 #: front ends, ``__main__`` above them.
-CONFORMANCE_FOLDERS = ("engine", "suites", "frontends")
+CONFORMANCE_FOLDERS = ("engine", "adapters", "suites", "frontends")
 CONFORMANCE_ROOT = Path(nemo_dist.__file__).parent / "conformance"
 
 
@@ -223,8 +223,8 @@ def conformance_layers() -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The layers of nemo_dist.conformance read from its folders (each must be one of :data:`CONFORMANCE_FOLDERS`)."""
     folders = {p.name for p in CONFORMANCE_ROOT.iterdir() if (p / "__init__.py").is_file()}
     assert folders == set(CONFORMANCE_FOLDERS), f"place every folder in CONFORMANCE_FOLDERS: {sorted(folders)}"
-    engine, suites, frontends = ((name, (name,)) for name in CONFORMANCE_FOLDERS)
-    return engine, suites, ("the package", ("",)), frontends, ("the command's module", ("__main__",))
+    engine, adapters, suites, frontends = ((name, (name,)) for name in CONFORMANCE_FOLDERS)
+    return engine, adapters, suites, ("the package", ("",)), frontends, ("the command's module", ("__main__",))
 
 
 CONFORMANCE_LAYERS = conformance_layers()

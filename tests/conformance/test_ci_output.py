@@ -189,8 +189,9 @@ def test_help_groups_options_by_suite_and_names_every_suite(capsys: pytest.Captu
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    titles = ["what is checked: gather, ddp, config, fsdp2 and data-parallel wrappers:", "the tp suite:",
-              "the a2a suite:", "the moe suite:", "the pp suite:", "how the run runs:"]
+    titles = ["what is checked: a preset of every component's modules:", "the gather suite:", "the ddp suite:",
+              "the config suite:", "the fsdp2 suite:", "the tp suite:", "the a2a suite:", "the moe suite:",
+              "the pp suite:", "how the run runs:"]
     assert [t for t in titles if t in text] == titles
     assert [text.index(t) for t in titles] == sorted(text.index(t) for t in titles)
     description = " ".join(text.split("options:")[0].split())

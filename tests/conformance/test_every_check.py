@@ -40,7 +40,7 @@ import warnings
 import pytest
 
 from nemo_dist.conformance import REFERENCE, Case, Implementation, cases, format_report, load_checks, run_case
-from nemo_dist.conformance.engine.implementation import DDPWrapper
+from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
 from nemo_dist.conformance.engine.verdicts import Report
 from nemo_dist.testing.plugin import WorldFactory, selected_world_sizes
 from tests import targets

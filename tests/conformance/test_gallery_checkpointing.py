@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.adapters.wrapping import parse_wrapper
 from nemo_dist.conformance.engine.report import format_report
 from nemo_dist.conformance.engine.target import resolve_implementation, validate_implementation
-from nemo_dist.conformance.engine.wrapping import parse_wrapper
 from nemo_dist.conformance.suites.ddp.checkpoint_rules import CAUSES
 from nemo_dist.testing.plugin import WorldFactory
 from tests import targets

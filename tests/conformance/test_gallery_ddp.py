@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.adapters.wrapping import parse_wrapper
 from nemo_dist.conformance.engine.report import format_report
 from nemo_dist.conformance.engine.target import OptionError, resolve_implementation, validate_implementation
-from nemo_dist.conformance.engine.wrapping import parse_wrapper
 from nemo_dist.conformance.suites.wrapper.diagnosis import CAUSES
 from nemo_dist.testing.plugin import WorldFactory
 

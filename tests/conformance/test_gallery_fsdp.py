@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from nemo_dist.conformance import Report, load_checks, run_checks, select_checks
+from nemo_dist.conformance.adapters.wrapping import check_mesh_world_sizes, parse_wrapper
 from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.option_spec import command_name
 from nemo_dist.conformance.engine.report import format_report
 from nemo_dist.conformance.engine.target import resolve_implementation, validate_implementation
-from nemo_dist.conformance.engine.wrapping import check_mesh_world_sizes, parse_wrapper
 from nemo_dist.conformance.suites.wrapper.diagnosis import CAUSES
 from nemo_dist.testing.plugin import WorldFactory
 

@@ -148,9 +148,9 @@ def test_help_names_other_options_as_each_front_end_spells_them() -> None:
 def test_choices_and_defaults_repeat_the_engine_constants() -> None:
     """The table's choices and defaults are the engine's (which import torch); help or metavar lists the choices."""
     from nemo_dist.conformance import PRESETS, TIERS
+    from nemo_dist.conformance.adapters.gather_spec import GATHER_FORMS
+    from nemo_dist.conformance.adapters.wrapping import BUFFERS, DTYPES, REDUCTIONS, STARTS
     from nemo_dist.conformance.engine.deadlines import FLOOR_S
-    from nemo_dist.conformance.engine.target import GATHER_FORMS
-    from nemo_dist.conformance.engine.wrapping import BUFFERS, DTYPES, REDUCTIONS, STARTS
     from nemo_dist.conformance.suites.moe.target import AUX_REDUCTIONS, MESHES
     from nemo_dist.conformance.suites.moe.target import REDUCTIONS as MOE_REDUCTIONS
     from nemo_dist.conformance.suites.pp.target import CONVENTIONS
@@ -173,7 +173,7 @@ def test_choices_and_defaults_repeat_the_engine_constants() -> None:
 
 def test_every_wrapper_option_field_is_an_option_of_both_front_ends() -> None:
     """``wrapper_from_options`` reads each ``--ddp-fn`` field from either front end: each is declared in both."""
-    from nemo_dist.conformance.engine.wrapping import WRAPPER_OPTION_FIELDS
+    from nemo_dist.conformance.adapters.wrapping import WRAPPER_OPTION_FIELDS
 
     both = {o.dest for o in options.OPTIONS if set(o.front_ends) == {COMMAND, PYTEST}}
     assert set(WRAPPER_OPTION_FIELDS) <= both
@@ -183,8 +183,8 @@ def test_every_option_naming_what_is_checked_is_read_by_both_front_ends_through_
     """The options of the README's "what it names" table are exactly those ``implementation_from_options`` and
     ``wrapper_from_options`` read (so a new one reaches both front ends by the table and that one tuple), each
     declared in both front ends."""
+    from nemo_dist.conformance.adapters.wrapping import WRAPPER_OPTION_FIELDS
     from nemo_dist.conformance.engine.target import IMPLEMENTATION_OPTION_FIELDS
-    from nemo_dist.conformance.engine.wrapping import WRAPPER_OPTION_FIELDS
 
     naming = {o.dest for o in options.OPTIONS if any(doc.table == "names" for doc in o.docs)}
     both = {o.dest for o in options.OPTIONS if set(o.front_ends) == {COMMAND, PYTEST}}
@@ -202,11 +202,11 @@ def test_the_command_reproduce_line_repeats_the_marked_options_in_table_order() 
         argv += _given(option, COMMAND)[0]
     line = arguments.reproduce_command(arguments.parser().parse_args(argv), "prog")
     assert line == (
-        "prog --gather 3 --gather-fn 3 --no-grad-fn 3 --gather-form 3 --gather-kwarg a=1 --gather-kwarg b=2 "
+        "prog --preset 3 --gather 3 --gather-fn 3 --no-grad-fn 3 --gather-form 3 --gather-kwarg a=1 --gather-kwarg b=2 "
         "--gather-init a=1 --gather-init b=2 --gather-output 3 --ddp 3 --ddp-fn 3 --ddp-method 3 --ddp-kwarg a=1 "
         "--ddp-kwarg b=2 --ddp-output 3 --ddp-reduction 3 --ddp-buffers 3 --ddp-after-backward 3 --ddp-grad-attr 3 "
         "--ddp-zero-grad 3 --ddp-start 3 --ddp-mesh 3 --ddp-compute-dtype 3 --ddp-reduce-dtype 3 "
-        "--config 3 --fsdp2 3 --fsdp2-sync-ctx 3 --preset 3 --tp 3 --tp-plan 3 --tp-model 3 --tp-arch 3 --tp-input 3 "
+        "--config 3 --fsdp2 3 --fsdp2-sync-ctx 3 --tp 3 --tp-plan 3 --tp-model 3 --tp-arch 3 --tp-input 3 "
         "--tp-after-backward 3 --a2a 3 --a2a-fn 3 --a2a-kwarg a=1 --a2a-kwarg b=2 --moe-fn 3 --moe-layer 3 "
         "--moe-compute-dtype 3 --moe-mesh 3 --moe-reduction 3 --moe-loss-scale 3 --moe-aux-reduction 3 "
         "--moe-after-backward 3 --pp-fn 3 --pp-loss 3 --pp-model 3 --pp-compute-dtype 3 --pp-step 3 --pp-schedule 3 "
@@ -230,7 +230,8 @@ def test_the_pytest_reproduce_line_repeats_the_marked_options_in_table_order(pyt
         argv += _given(option, PYTEST)[0]
     config = pytester.parseconfig(*_PLUGIN, *argv)
     assert plugin.reproduce_line(config, "t.py::test[c-w2]", 2, 7) == (
-        "pytest 't.py::test[c-w2]' --conformance-gather 3 --conformance-gather-fn 3 --conformance-no-grad-fn 3 "
+        "pytest 't.py::test[c-w2]' --conformance-preset 3 --conformance-gather 3 --conformance-gather-fn 3 "
+        "--conformance-no-grad-fn 3 "
         "--conformance-gather-form 3 --conformance-gather-kwarg a=1 --conformance-gather-kwarg b=2 "
         "--conformance-gather-init a=1 --conformance-gather-init b=2 --conformance-gather-output 3 "
         "--conformance-ddp 3 --conformance-ddp-fn 3 --conformance-ddp-method 3 --conformance-ddp-kwarg a=1 "
@@ -238,7 +239,7 @@ def test_the_pytest_reproduce_line_repeats_the_marked_options_in_table_order(pyt
         "--conformance-ddp-buffers 3 --conformance-ddp-after-backward 3 --conformance-ddp-grad-attr 3 "
         "--conformance-ddp-zero-grad 3 --conformance-ddp-start 3 --conformance-ddp-mesh 3 "
         "--conformance-ddp-compute-dtype 3 --conformance-ddp-reduce-dtype 3 "
-        "--conformance-config 3 --conformance-fsdp2 3 --conformance-fsdp2-sync-ctx 3 --conformance-preset 3 "
+        "--conformance-config 3 --conformance-fsdp2 3 --conformance-fsdp2-sync-ctx 3 "
         "--conformance-tp 3 --conformance-tp-plan 3 --conformance-tp-model 3 --conformance-tp-arch 3 "
         "--conformance-tp-input 3 --conformance-tp-after-backward 3 --conformance-a2a 3 --conformance-a2a-fn 3 "
         "--conformance-a2a-kwarg a=1 --conformance-a2a-kwarg b=2 --conformance-moe-fn 3 --conformance-moe-layer 3 "
@@ -358,7 +359,7 @@ def test_the_default_cells_are_what_the_engine_applies_to_an_option_not_given() 
     option left out (a fake implementation given no suite option)."""
     from types import SimpleNamespace
 
-    from nemo_dist.conformance.engine.wrapping import parse_wrapper
+    from nemo_dist.conformance.adapters.wrapping import parse_wrapper
     from nemo_dist.conformance.suites.moe import target as moe
 
     wrapper = parse_wrapper(ddp_fn="m:f")

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from nemo_dist.conformance import Implementation, MissingParameter, load_checks, run_checks, select_checks
+from nemo_dist.conformance.adapters.signature import arguments, missing_in, parameters_after_x
 from nemo_dist.conformance.engine.report import format_report
-from nemo_dist.conformance.engine.signature import arguments, missing_in, parameters_after_x
 from nemo_dist.conformance.frontends.cli import main
 from nemo_dist.conformance.suites.gather.target import _as_cat
 from nemo_dist.testing.plugin import WorldFactory

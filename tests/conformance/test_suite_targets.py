@@ -1,11 +1,12 @@
-"""A suite's own component, declared to the engine
+"""A suite's component, declared to the engine
 (:mod:`nemo_dist.conformance.engine.declarations`): layer 0, no process group.
 
-The engine resolves a suite's options into the implementation without knowing
-the suite: a component is checked when any of its fields is given, a preset
-fills in what the suite declares for it, and the bundled run checks the
-suite's reference. The declaration here is a stand-in (argument plumbing:
-nothing distributed is tested).
+The engine resolves every component from its suite's declaration alone: a
+component is checked when any of its fields is given, a preset fills in what
+the suite declares for it, the bundled run checks the suite's reference, a
+field not given holds the suite's default, and a component with variants runs
+each check once per variant its module defines. The declaration here is a
+stand-in (argument plumbing: nothing distributed is tested).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ _DEMO = SuiteTarget(
     reference={"demo": "nemo_dist.distributed.config"},
     presets={"nemo_automodel": {"demo": "json"}},
     label_fields=("demo_fn", "demo"),
-    repeatable=("demo_names",),
     subject_fields=("demo", "demo_fn"),
 )
 
@@ -31,7 +31,6 @@ _DEMO = SuiteTarget(
 @pytest.fixture
 def demo_suite(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(target.SUITE_TARGETS, "demo", _DEMO)
-    monkeypatch.setattr(target, "_SUITE_FIELDS", (*target._SUITE_FIELDS, *_DEMO.fields))
     monkeypatch.setattr(target, "COMPONENTS", (*target.COMPONENTS, "demo"))
 
 
@@ -61,10 +60,11 @@ def test_a_suite_module_without_its_required_names_is_an_option_error() -> None:
 
 
 @pytest.mark.usefixtures("demo_suite")
-def test_naming_an_engine_component_leaves_the_suite_unchecked() -> None:
+def test_naming_another_component_leaves_the_suite_unchecked() -> None:
     impl, components = target.resolve_implementation(config="nemo_dist.distributed.config")
     assert components == ("config",)
-    assert impl.suite_options == ()
+    assert impl.suite_options == (("config", "nemo_dist.distributed.config"),)
+    assert impl.suite_option("demo") is None
 
 
 @pytest.mark.usefixtures("demo_suite")
@@ -84,3 +84,55 @@ def test_every_suite_validates_an_implementation_that_names_none_of_its_options(
 
     assert [t.component for t in suite_targets() if t.validate], "no suite declares a validation"
     target.validate_implementation(Implementation())
+
+
+def test_an_implementation_holds_the_declared_defaults_and_refuses_undeclared_fields() -> None:
+    """A field not given reads as its suite's default (the bundled module); an undeclared keyword is a TypeError;
+    the object is immutable, compares by what every field holds, and pickles as its values."""
+    import pickle
+
+    from nemo_dist.conformance.engine.implementation import Implementation
+
+    fork = Implementation(gather="my.fork")
+    assert (fork.gather, fork.ddp, fork.gather_form, fork.tp_plan) == (
+        "my.fork", "nemo_dist.distributed.ddp", "auto", None
+    )
+    assert Implementation(ddp="nemo_dist.distributed.ddp") == Implementation()  # the default, given or not
+    assert pickle.loads(pickle.dumps(fork)) == fork
+    assert fork.replaced(ddp_api="DDPManager").ddp_api == "DDPManager"
+    with pytest.raises(TypeError, match="unexpected keyword arguments gahter"):
+        Implementation(gahter="my.fork")
+    with pytest.raises(AttributeError, match="immutable"):
+        fork.gather = "other"  # type: ignore[misc]
+
+
+def test_a_check_runs_once_per_variant_its_module_defines_and_once_for_a_wrapper() -> None:
+    """The ddp suite declares entry points as variants: a module defining both gets two runs, each pinned; a
+    ``--ddp-fn`` wrapper replacing the module one run; a module defining neither none, with the reason."""
+    from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
+    from nemo_dist.conformance.engine.implementation import Implementation
+    from nemo_dist.conformance.engine.registry import Check, cases
+
+    ddp_check = Check("ddp.demo", "core", "ddp", lambda world, impl: None)
+    runs = ddp_check.runs(Implementation())
+    assert [(name, impl.ddp_api) for name, impl in runs] == [
+        ("ddp.demo[parallelize_ddp]", "parallelize_ddp"), ("ddp.demo[DDPManager]", "DDPManager")
+    ]
+    wrapped = Implementation(ddp=None, ddp_wrapper=DDPWrapper(fn="torch.nn.parallel:DistributedDataParallel"))
+    assert [name for name, _ in ddp_check.runs(wrapped)] == ["ddp.demo"]
+    (case,) = cases([ddp_check], Implementation(ddp="nemo_dist.distributed.config"), [2])
+    assert case.impl is None
+    assert case.missing == "nemo_dist.distributed.config defines none of parallelize_ddp, DDPManager"
+
+
+def test_a_companion_components_checks_run_only_while_its_field_holds_a_value() -> None:
+    """The wrapper checks (the ddp suite's companion) have no case against modules, and run against a wrapper."""
+    from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
+    from nemo_dist.conformance.engine.implementation import Implementation
+    from nemo_dist.conformance.engine.registry import Check, cases
+
+    wrapper_check = Check("wrapper.demo", "core", "wrapper", lambda world, impl: None)
+    assert cases([wrapper_check], Implementation(), [2]) == []
+    wrapped = Implementation(ddp=None, ddp_wrapper=DDPWrapper(fn="torch.nn.parallel:DistributedDataParallel"))
+    assert [c.name for c in cases([wrapper_check], wrapped, [2])] == ["wrapper.demo"]
+    assert target.checked_components(wrapped)[-1] == "wrapper"

@@ -17,7 +17,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from nemo_dist.conformance import NotSupported
-from nemo_dist.conformance.engine.wrapping import call_arguments, parse_wrapper
+from nemo_dist.conformance.adapters.wrapping import call_arguments, parse_wrapper
 from nemo_dist.conformance.frontends.cli import main
 from nemo_dist.conformance.suites.ddp.wrapped import field_keywords
 from nemo_dist.conformance.suites.wrapper import ranks
@@ -169,8 +169,8 @@ def test_a_mean_over_three_ranks_is_not_claimed_exact() -> None:
 
 def test_a_factory_value_is_made_once_per_rank_for_gather_and_wrapper_calls() -> None:
     """``MODULE:NAME()`` is stored as text, then called once per process: every call gets the same object."""
-    from nemo_dist.conformance.engine.implementation import DDPWrapper
-    from nemo_dist.conformance.engine.symbols import Factory, value_of
+    from nemo_dist.conformance.adapters.symbols import Factory, value_of
+    from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
     from nemo_dist.conformance.suites.ddp.wrapped import filled_keywords
     from nemo_dist.conformance.suites.gather.calls import filled
 

@@ -9,9 +9,10 @@ per-rank results.  It raises ``AssertionError`` (or the harness's errors) when
 the implementation breaks the contract, ``NotSupported`` when the
 implementation lacks what the check needs, and ``NotApplicable`` when the
 check cannot apply to what the implementation did.  A check registered with
-``needs_world=False`` runs once, in the parent, with ``world`` None.  A ddp
-check runs once per DDP entry point it exercises (``ddp_apis``) that the
-module defines.
+``needs_world=False`` runs once, in the parent, with ``world`` None.  A
+check of a component with variants (entry points its suite declares, the ddp
+module's ``parallelize_ddp`` and ``DDPManager``) runs once per variant it
+exercises (``variants``) that the module defines.
 
 ``world`` is anything with ``size``, ``backend`` and ``run(fn, *args, **kwargs)``
 returning per-rank results in rank order: a ``nemo_dist.testing.World``, or
@@ -33,8 +34,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from nemo_dist.conformance.engine.implementation import DDP_APIS, Implementation
-from nemo_dist.conformance.engine.target import WRAPPER, checked_components
+from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.engine.target import SUITE_TARGETS, checked_components, variants_of
 
 __all__ = [
     "CHECKS",
@@ -59,9 +60,10 @@ Tier = Literal["core", "extended"]
 
 #: Accepted values of ``tier`` when selecting checks.
 TIERS: tuple[str, ...] = ("core", "extended", "all")
-#: The engine's components ("gather", "ddp", "config", "wrapper", "fsdp2") or one a suite declares for itself
-#: (:mod:`~nemo_dist.conformance.engine.declarations`).
+#: A component a suite declares (:mod:`~nemo_dist.conformance.engine.declarations`), or a companion of one.
 Component = str
+#: Companion components (their checks run only while a field holds a value) -> that field, as suites declare them.
+_COMPANIONS: dict[str, str] = {c: f for t in SUITE_TARGETS.values() for c, f in t.companions.items()}
 
 
 class WorldLike(Protocol):
@@ -97,8 +99,8 @@ class Check:
     max_world: int | None = None
     #: False: the check needs no process group and runs once, in the parent.
     needs_world: bool = True
-    #: For ddp checks: the entry points it exercises (each one the module defines gets a run).
-    ddp_apis: tuple[str, ...] = DDP_APIS
+    #: The variants of its component it exercises (each one the module defines gets a run); None: every one.
+    variants: tuple[str, ...] | None = None
     #: Modules the check's rank side imports (``transformers``' modeling modules): imported once for every rank.
     preload: tuple[str, ...] = ()
     #: True: what it checks does not depend on the world's size beyond its range, so a run checks it once, in the
@@ -125,16 +127,26 @@ class Check:
         in_range = world_size >= self.min_world and (self.max_world is None or world_size <= self.max_world)
         return in_range and (self.rule is None or self.rule.fits(world_size))
 
-    def variants(self, impl: Implementation) -> list[tuple[str, Implementation]]:
+    def runs(self, impl: Implementation) -> list[tuple[str, Implementation]]:
         """``(name, implementation)`` for each run of this check against ``impl``.
 
-        One run for gather and config checks; a ddp check runs once per entry
-        point of its ``ddp_apis`` that the module defines, named
-        ``check[api]`` and pinned to that API. Empty when the module defines none of them.
+        One run for a component without variants (or whose module a wrapper
+        replaces); otherwise one per variant of :attr:`variants` the module
+        defines (:func:`~nemo_dist.conformance.engine.target.variants_of`),
+        named ``check[variant]`` and pinned to it. Empty when it defines none of them.
         """
-        if self.component != "ddp" or impl.ddp_wrapper is not None:  # a --ddp-fn wrapper: one run
+        found = variants_of(self.component, impl)
+        if found is None:
             return [(self.name, impl)]
-        return [(f"{self.name}[{api}]", impl.with_ddp_api(api)) for api in impl.ddp_apis() if api in self.ddp_apis]
+        field = SUITE_TARGETS[self.component].variant_field or ""
+        wanted = self.variants or found
+        return [(f"{self.name}[{name}]", impl.replaced(**{field: name})) for name in found if name in wanted]
+
+    @property
+    def variant_names(self) -> tuple[str, ...]:
+        """The variants this check exercises, by name (its component's every one where it names none)."""
+        target = SUITE_TARGETS.get(self.component)
+        return self.variants or (target.variant_names if target else ())
 
     def __call__(self, world: WorldLike | None, impl: Implementation) -> None:
         for suite in SUITES.values():
@@ -181,7 +193,7 @@ def check(
     min_world: int = 1,
     max_world: int | None = None,
     needs_world: bool = True,
-    ddp_apis: tuple[str, ...] = DDP_APIS,
+    variants: tuple[str, ...] | None = None,
     preload: tuple[str, ...] = (),
     once: bool = False,
     sampled: bool = False,
@@ -201,7 +213,7 @@ def check(
         if name in CHECKS:
             raise ValueError(f"conformance check {name!r} is registered twice")
         CHECKS[name] = Check(
-            name, tier, component, fn, min_world, max_world, needs_world, ddp_apis, preload, once, sampled, rule
+            name, tier, component, fn, min_world, max_world, needs_world, variants, preload, once, sampled, rule
         )
         return CHECKS[name]
 
@@ -210,7 +222,7 @@ def check(
 
 @dataclass(frozen=True)
 class Case:
-    """One run of a check: its name (``check[api]`` for a ddp entry point), the pinned implementation, a world size.
+    """One run of a check: its name (``check[variant]`` for an entry point), the pinned implementation, a world size.
 
     ``world_size`` is 0 for a check that needs no process group. ``applies``
     says whether the check runs in a world of that size (the runner reports
@@ -236,19 +248,19 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
 
     A check that needs no process group gives one case of world size 0; any
     other check one case per size of ``world_sizes`` (``applies`` False where
-    its range excludes the size). A ddp check runs once per entry point the
-    module defines; where it defines none of the check's, one case per size
-    with ``impl`` None and the reason in ``missing``. Against a ``--ddp-fn``
-    wrapper a ddp check runs once; the wrapper checks (component
-    ``wrapper``) run only against one, with no case for modules. A ``once``
+    its range excludes the size). A check runs once per variant of its
+    component the module defines (:meth:`Check.runs`); where it defines none of the check's, one case per size
+    with ``impl`` None and the reason in ``missing``. A companion component's
+    checks (a ``--ddp-fn`` wrapper's) run only while its field holds a value,
+    with no case otherwise. A ``once``
     check applies only in the smallest of ``world_sizes`` it fits. A
     ``sampled`` check is thorough in a world of one and in the smallest of
     ``world_sizes`` of two ranks or more it fits, and samples in the others.
     """
     found: list[Case] = []
     for c in checks:
-        if c.component == WRAPPER and impl.ddp_wrapper is None:
-            continue  # the behaviour checks of a --ddp-fn wrapper have nothing to check in modules
+        if c.component in _COMPANIONS and impl.value(_COMPANIONS[c.component]) is None:
+            continue  # a companion's checks (a --ddp-fn wrapper's behaviour) have nothing to check without it
         sizes = [0] if not c.needs_world else list(world_sizes)
         fits = [size for size in sizes if size and c.applies_to(size)]
         only = min(fits) if c.once and fits else None
@@ -262,9 +274,11 @@ def cases(checks: Iterable[Check], impl: Implementation, world_sizes: Sequence[i
                 "depend on the world's size"
             )
         )
-        variants = c.variants(impl)
+        variants = c.runs(impl)
         if not variants:
-            reason = f"{impl.ddp} defines none of {', '.join(c.ddp_apis)}"
+            reason = f"{impl.value(SUITE_TARGETS[c.component].module_field or '')} defines none of " + ", ".join(
+                c.variant_names
+            )
             found += [Case(c.name, c, None, size, c.applies_to(size), reason) for size in sizes]
             continue
         for name, variant in variants:

@@ -8,8 +8,10 @@ The header's pieces (:func:`header_labels`, :func:`versions_of`) and
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from nemo_dist.conformance.engine.explain import Finding
+from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.engine.target import COMPONENTS, STANDALONE, SUITE_TARGETS
 from nemo_dist.conformance.engine.verdicts import Outcome, Report, Verdict
 from nemo_dist.conformance.engine.versions import run_versions
@@ -121,11 +123,12 @@ def header_labels(report: Report) -> dict[str, str]:
     """What the run checked or used, by component (``gather`` -> its module or callable), in component order;
     a component only used, not checked, is labelled so."""
     impl = report.impl
-    labels = {"gather": impl.gather_label, "ddp": impl.ddp_label, "config": impl.config, "fsdp2": impl.fsdp2}
+    labels: dict[str, Any] = {}
     for component, target in SUITE_TARGETS.items():
-        labels[component] = next(
-            (_text(impl.suite_option(f)) for f in target.label_fields if impl.suite_option(f) is not None), None
-        )
+        if target.label is not None:
+            labels[component] = resolve_callable(target.label)(impl)
+            continue
+        labels[component] = next((_text(impl.value(f)) for f in target.label_fields if impl.value(f) is not None), None)
     return {
         name: str(labels[name]) + ("" if name in report.components else " (used, not checked)")
         for name in COMPONENTS

@@ -33,7 +33,7 @@ from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.profile import hypothesis_settings, new_seed, seeded
 from nemo_dist.conformance.engine.registry import SUITES, Case, Check, WorldLike, cases, thoroughness
-from nemo_dist.conformance.engine.target import checked_components, import_components
+from nemo_dist.conformance.engine.target import SUITE_TARGETS, checked_components, import_components
 from nemo_dist.conformance.engine.verdicts import Outcome, Report, Verdict, classify
 
 __all__ = ["run_case", "run_check", "run_checks", "run_checks_in", "run_worldless"]
@@ -356,11 +356,11 @@ def _not_started(case: Case, error: Exception) -> Verdict:
 
 
 def _refined(case: Case, prepared: Implementation) -> Case:
-    """``case`` with what the suites' preparation changed in the implementation (its pinned entry point kept)."""
+    """``case`` with what the suites' preparation changed in the implementation (its pinned variant kept)."""
     if case.impl is None:
         return case
-    changes = {f.name: getattr(prepared, f.name) for f in dataclasses.fields(prepared) if f.name != "ddp_api"}
-    return dataclasses.replace(case, impl=dataclasses.replace(case.impl, **changes))
+    pinned = {t.variant_field: case.impl.value(t.variant_field) for t in SUITE_TARGETS.values() if t.variant_field}
+    return dataclasses.replace(case, impl=prepared.replaced(**pinned))
 
 
 def run_checks_in(

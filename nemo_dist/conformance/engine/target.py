@@ -1,21 +1,14 @@
 """Which implementation a check runs against: options resolved into an :class:`Implementation`, and validated.
 
-An :class:`~nemo_dist.conformance.engine.implementation.Implementation` names
-modules (``gather``, ``ddp``, ``config``) or, for the gather component, one
-callable found anywhere (``gather_fn``, a ``module:name``). Only these
-strings travel to the ranks; each rank imports them itself.
-:func:`resolve_implementation` turns command-line style options into an
-implementation and :func:`validate_implementation` imports what it names, so
-the command and ``pytest conformance/`` agree on both. Their errors name
-options by field; each front end words them in its own option names
-(:meth:`OptionError.worded`).
-
-This is the top of the engine's lower layers: it imports :mod:`.callables`
-and :mod:`.wrapping` (how a gather callable and a ``--ddp-fn`` wrapper are
-called and checked), and they import nothing from here. It re-exports, for
-the modules above it, the names that live below it: ``Implementation``,
-``DDP_APIS`` and ``GROUP_PARAMETERS`` (:mod:`.implementation`),
-``resolve_callable`` (:mod:`.importing`) and the errors (:mod:`.errors`).
+Every component is a suite's, declared as a
+:class:`~nemo_dist.conformance.engine.declarations.SuiteTarget`: its fields,
+defaults, presets, module and hooks. :func:`resolve_implementation` turns
+option values into an implementation and the components to check, and
+:func:`validate_implementation` imports what it names, so the command and
+``pytest conformance/`` agree on both. Their errors name options by field;
+each front end words them in its own option names
+(:meth:`OptionError.worded`). Nothing here names a component: what differs
+between them is in their declarations.
 """
 
 from __future__ import annotations
@@ -23,35 +16,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nemo_dist.conformance.engine.callables import (
-    check_call,
-    parse_gather_init,
-    parse_gather_kwargs,
-    parse_gather_output,
-)
 from nemo_dist.conformance.engine.declarations import SuiteTarget, suite_targets
 from nemo_dist.conformance.engine.errors import MissingParameter, NotApplicable, NotSupported, OptionError
-from nemo_dist.conformance.engine.implementation import (
-    DDP_APIS,
-    FSDP2_APIS,
-    GROUP_PARAMETERS,
-    DDPWrapper,
-    Implementation,
-)
+from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import import_path, resolve_callable
-from nemo_dist.conformance.engine.wrapping import validate_wrapper
+from nemo_dist.conformance.engine.options import BY_FIELD
 
 __all__ = [
     "COMPONENTS",
-    "DDP_APIS",
-    "GATHER_FORMS",
-    "GROUP_PARAMETERS",
     "IMPLEMENTATION_OPTION_FIELDS",
     "PRESETS",
     "REFERENCE",
     "STANDALONE",
     "SUITE_TARGETS",
-    "WRAPPER",
     "Implementation",
     "MissingParameter",
     "NotApplicable",
@@ -63,269 +40,161 @@ __all__ = [
     "resolve_callable",
     "resolve_implementation",
     "validate_implementation",
+    "variants_of",
 ]
 
-#: Output forms of a ``--gather-fn`` callable ("auto": detected from each call's result).
-GATHER_FORMS: tuple[str, ...] = ("auto", "cat", "tuple", "stacked")
-
-#: The components suites declare for themselves (:mod:`~nemo_dist.conformance.engine.declarations`), by component.
+#: Every component, by name, as its suite declares it (:mod:`~nemo_dist.conformance.engine.declarations`).
 SUITE_TARGETS: dict[str, SuiteTarget] = {target.component: target for target in suite_targets()}
-#: The components an implementation can name, in the order checks and reports list them: the engine's, then the
-#: suites' own.
-COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config", "fsdp2", *SUITE_TARGETS)
+#: The components an implementation can name, in the order checks and reports list them (the suites' order).
+COMPONENTS: tuple[str, ...] = tuple(SUITE_TARGETS)
 #: Components whose module serves no other component's checks: imported and named only when checked themselves.
-STANDALONE: frozenset[str] = frozenset({"fsdp2", *SUITE_TARGETS})
-#: The option fields of every suite's own component.
-_SUITE_FIELDS: tuple[str, ...] = tuple(f for target in SUITE_TARGETS.values() for f in target.fields)
-#: The component of the behaviour checks of a ``--ddp-fn`` wrapper (checked with "ddp" when one is named).
-WRAPPER = "wrapper"
+STANDALONE: frozenset[str] = frozenset(c for c, t in SUITE_TARGETS.items() if t.standalone)
+#: The options naming what is checked, as :func:`implementation_from_options` reads them (their table fields).
+IMPLEMENTATION_OPTION_FIELDS: tuple[str, ...] = (
+    "preset",
+    *dict.fromkeys(f for t in SUITE_TARGETS.values() for f in t.option_fields if f in BY_FIELD),
+)
+#: The components whose module an implementation holds unless named otherwise (the preset error names them).
+_DEFAULTED = tuple(t for t in SUITE_TARGETS.values() if t.module_field in t.defaults)
+#: Every keyword :func:`resolve_implementation` takes besides ``preset`` and ``suite_options``.
+_KEYWORDS = frozenset(f for t in SUITE_TARGETS.values() for f in (*t.fields, *t.settings, *t.options))
+
+
+def _hook(spec: str) -> Callable[..., Any]:
+    """A declaration's ``"module:function"`` hook (its module is loaded once; a suite's options module by file)."""
+    return resolve_callable(spec)
 
 
 def resolve_implementation(
-    *,
-    gather: str | None = None,
-    ddp: str | None = None,
-    config: str | None = None,
-    preset: str | None = None,
-    gather_fn: str | None = None,
-    no_grad_fn: str | None = None,
-    gather_form: str = "auto",
-    gather_kwargs: Sequence[str] = (),
-    gather_output: str | int | None = None,
-    gather_init: Sequence[str] = (),
-    ddp_wrapper: DDPWrapper | None = None,
-    fsdp2: str | None = None,
-    fsdp2_sync_ctx: str | None = None,
-    suite_options: Mapping[str, Any] | None = None,
+    *, preset: str | None = None, suite_options: Mapping[str, Any] | None = None, **fields: Any
 ) -> tuple[Implementation, tuple[str, ...]]:
     """The implementation the options name and the components to check.
 
-    A preset names every component's module (the other options override it);
-    otherwise the named components are checked and the bundled modules serve
-    the others (a DDP check needs a config class); naming nothing checks the
-    bundled modules. ``gather_fn`` checks one callable as the gather component;
-    ``gather_kwargs`` (``NAME=VALUE`` texts) and ``gather_output`` (an index)
-    say how to call it, ``gather_init`` how to build a class before
-    (:mod:`~nemo_dist.conformance.engine.callables`). ``ddp_wrapper`` checks a
-    ``--ddp-fn`` wrapper as the ddp component, with the :data:`WRAPPER` checks.
-    ``fsdp2_sync_ctx`` (``module:name``) is the fsdp2 component's
-    ``get_sync_ctx`` where its module has none. ``suite_options`` are the
-    values of the suites' own options (field -> value, None or empty when not
-    given): a suite's component is checked when any of its fields is given,
-    and a preset or the bundled run fills in what the suite declares for it.
-    Raises ``OptionError`` for a bad combination; nothing is imported here.
+    ``fields`` (and ``suite_options``, the same as a mapping) are option
+    values by field, None or empty where not given: ``gather="my.fork"``,
+    ``gather_fn="m:f"``, ``tp_plan=...``. A component is checked when any of
+    its fields is given. A preset names every component's modules (the given
+    values override it); otherwise the named components are checked and the
+    bundled modules serve the others (a DDP check needs a config class);
+    naming nothing checks the bundled implementation. Each suite's ``resolve``
+    turns its given options into the fields it holds and raises
+    ``OptionError`` for a bad combination. Nothing is imported but those hooks.
     """
-    if gather_form not in GATHER_FORMS:
-        raise OptionError(f"{{opt:gather_form}} expects one of {', '.join(GATHER_FORMS)}; got {gather_form!r}")
-    if gather_fn is not None and gather is not None:
-        raise OptionError("{opt:gather} names a module and {opt:gather_fn} a callable; give one of them")
-    if no_grad_fn is not None and gather_fn is None:
-        raise OptionError(
-            "{opt:no_grad_fn} goes with {opt:gather_fn} (a module's all_gather_no_grad is found by {opt:gather})"
-        )
-    if gather_form != "auto" and gather_fn is None:
-        raise OptionError("{opt:gather_form} applies to a {opt:gather_fn} callable only")
-    kwargs = parse_gather_kwargs(gather_kwargs)
-    output = parse_gather_output(gather_output)
-    init = parse_gather_init(gather_init)
-    for field, given in (
-        ("gather_kwarg", bool(kwargs)), ("gather_output", output is not None), ("gather_init", bool(init))
-    ):
-        if given and gather_fn is None:
-            raise OptionError(
-                f"{{opt:{field}}} applies to a {{opt:gather_fn}} callable only (a module's functions are "
-                "called as the contract says)"
-            )
-    named = {c: p for c, p in (("gather", gather), ("ddp", ddp), ("config", config), ("fsdp2", fsdp2)) if p}
-    suite_given = _given_suite_options(suite_options or {})
-    suites_named = tuple(t.component for t in SUITE_TARGETS.values() if any(f in suite_given for f in t.fields))
-    extra: dict[str, Any] = {
-        "gather_fn": gather_fn,
-        "no_grad_fn": no_grad_fn,
-        "gather_form": gather_form,
-        "gather_kwargs": kwargs,
-        "gather_output": output,
-        "gather_init": init,
-    }
-    if fsdp2_sync_ctx is not None:
-        extra["fsdp2_sync_ctx"] = fsdp2_sync_ctx
-    if gather_fn is not None:
-        named["gather"] = None  # type: ignore[assignment]  # the callable replaces the module
-    if ddp_wrapper is not None:
-        if ddp is not None:
-            raise OptionError("{opt:ddp} names a module and {opt:ddp_fn} a wrapper; give one of them")
-        named["ddp"], extra["ddp_wrapper"] = None, ddp_wrapper  # type: ignore[assignment]
-    wrapped = (WRAPPER,) if ddp_wrapper is not None else ()
+    unknown = sorted(set(fields) - _KEYWORDS)
+    if unknown:
+        raise TypeError(f"resolve_implementation() got unexpected keyword arguments {', '.join(unknown)}")
+    given = _given({**(suite_options or {}), **fields})
+    held: dict[str, Any] = {}
+    named: list[str] = []
+    for target in SUITE_TARGETS.values():
+        own = {f: v for f, v in given.items() if f in target.option_fields}
+        held.update(_hook(target.resolve)(own) if target.resolve else own)
+        if any(f in given for f in target.fields):
+            named.append(target.component)
+    companions = _companions(held)
     if preset is not None:
         if preset not in PRESETS:
+            modules = "/".join(f"{{opt:{t.module_field}}}" for t in _DEFAULTED)
             raise OptionError(
                 f"unknown {{opt:preset}} {preset!r}; choose one of {', '.join(PRESETS)}, "
-                "or name the modules with {opt:gather}/{opt:ddp}/{opt:config}/{opt:fsdp2}"
+                f"or name the modules with {modules}"
             )
-        base = PRESETS[preset]
-        paths = {c: named.get(c, getattr(base, c)) for c in _ENGINE_COMPONENTS}
-        extra.setdefault("fsdp2_sync_ctx", base.fsdp2_sync_ctx if "fsdp2" not in named else None)
-        preset_values = {  # the bundled preset checks what each suite bundles
-            f: v
-            for t in SUITE_TARGETS.values()
-            for f, v in t.presets.get(preset, t.reference if base is REFERENCE else {}).items()
-        }
-        extra["suite_options"] = _as_pairs({**preset_values, **suite_given})
-        impl = Implementation(**paths, **extra)
-        return impl, (*(c for c in checked_components(impl) if c != WRAPPER), *wrapped)
-    if not named and not suites_named:
+        impl = _preset_implementation(preset).replaced(**held)
+        return impl, (*(c for c in checked_components(impl) if c not in companions), *companions)
+    if not named:
         return REFERENCE, COMPONENTS
-    paths = {c: named.get(c, getattr(REFERENCE, c)) for c in _ENGINE_COMPONENTS}
     for target in SUITE_TARGETS.values():
-        if target.component in suites_named and not any(f in suite_given for f in target.subject_fields):
-            suite_given.update({f: v for f, v in target.reference.items() if f in target.subject_fields})
-    extra["suite_options"] = _as_pairs(suite_given)
-    checked = (*(c for c in COMPONENTS if c in named or c in suites_named), *wrapped)
-    return Implementation(**paths, **extra), checked
+        if target.component in named and target.subject_fields and not any(f in held for f in target.subject_fields):
+            held.update({f: v for f, v in target.reference.items() if f in target.subject_fields})
+    return Implementation(suite_options=held.items()), (*(c for c in COMPONENTS if c in named), *companions)
 
 
-_ENGINE_COMPONENTS: tuple[str, ...] = ("gather", "ddp", "config", "fsdp2")
-
-
-def _given_suite_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The suites' options that were given (not None, not an empty list), a repeatable one's list as a tuple."""
+def _given(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The options that were given (not None, not False, not an empty list), a repeatable one's list as a tuple."""
     given: dict[str, Any] = {}
     for name, value in values.items():
         if value is None or value is False or (isinstance(value, (list, tuple)) and not value):
             continue
-        given[name] = tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else value
+        given[name] = tuple(str(v) for v in value) if isinstance(value, list) else value
     return given
 
 
-def _as_pairs(values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """``values`` as :attr:`Implementation.suite_options` holds them: pairs in the suites' field order."""
-    order = {f: i for i, f in enumerate(_SUITE_FIELDS)}
-    return tuple(sorted(values.items(), key=lambda item: order.get(item[0], len(order))))
-
-
-#: The options naming what is checked, as :func:`implementation_from_options` reads them (their table fields).
-IMPLEMENTATION_OPTION_FIELDS: tuple[str, ...] = (
-    "gather", "ddp", "config", "fsdp2", "preset", "gather_fn", "no_grad_fn", "gather_form", "gather_kwarg",
-    "gather_output", "gather_init", "fsdp2_sync_ctx", *_SUITE_FIELDS,
-)
-#: Option fields whose :func:`resolve_implementation` keyword has another name (the repeatable ones, plural).
-_KEYWORDS = {"gather_kwarg": "gather_kwargs"}
+def _companions(held: Mapping[str, Any]) -> tuple[str, ...]:
+    """The companion components whose field holds a value in ``held`` (the ``--ddp-fn`` wrapper's checks)."""
+    return tuple(c for t in SUITE_TARGETS.values() for c, f in t.companions.items() if held.get(f) is not None)
 
 
 def implementation_from_options(
-    value: Callable[[str], Any], ddp_wrapper: DDPWrapper | None
+    value: Callable[[str], Any], built: Mapping[str, Any] | None = None
 ) -> tuple[Implementation, tuple[str, ...]]:
     """:func:`resolve_implementation` of a front end's options, then :func:`validate_implementation` of what it gives.
 
     ``value(field)`` reads each of :data:`IMPLEMENTATION_OPTION_FIELDS` (None, or
-    an empty list for a repeatable option, when not given); ``ddp_wrapper``
-    is the ``--ddp-fn`` wrapper they name (``wrapping.wrapper_from_options``).
-    Raises ``OptionError``, which each front end words in its own spelling.
+    an empty list for a repeatable option, when not given); ``built`` are
+    fields a front end built from options itself (the ``--ddp-fn`` wrapper,
+    ``wrapping.wrapper_from_options``). Raises ``OptionError``, which each front
+    end words in its own spelling.
     """
-    engine_fields = [field for field in IMPLEMENTATION_OPTION_FIELDS if field not in _SUITE_FIELDS]
-    given = {_KEYWORDS.get(field, field): value(field) for field in engine_fields}
-    suites = {field: value(field) for field in _SUITE_FIELDS}
-    impl, components = resolve_implementation(**given, ddp_wrapper=ddp_wrapper, suite_options=suites)
+    given = {field: value(field) for field in IMPLEMENTATION_OPTION_FIELDS if field != "preset"}
+    impl, components = resolve_implementation(preset=value("preset"), **given, **(built or {}))
     validate_implementation(impl, components)
     return impl, components
 
 
-#: Names a module of each component must define (the ddp module: at least one).
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "gather": ("all_gather_with_grad", "all_gather_no_grad"),
-    "config": ("DDPConfig",),
-    "fsdp2": ("FSDP2Config",),
-}
-
-
 def validate_implementation(impl: Implementation, components: Sequence[str] = COMPONENTS) -> None:
-    """Import every module and callable ``impl`` names and check the required names.
+    """Import every module and callable ``impl`` names and check the names each must define.
 
     A :data:`STANDALONE` component's module serves no other component, so it
     is imported only when ``components`` (those checked) include it:
-    importing torch's FSDP2 costs about a second. Raises ``OptionError`` naming the option, the
-    module and the remedy.
+    importing torch's FSDP2 costs about a second. A checked component's own
+    ``validate`` runs after its module's names are checked. Raises
+    ``OptionError`` naming the option, the module and the remedy.
     """
     for target in SUITE_TARGETS.values():
-        if target.component in components:
-            _validate_suite_target(target, impl)
-    for component in _ENGINE_COMPONENTS:
-        path = getattr(impl, component)
-        if path is None or (component in STANDALONE and component not in components):
-            continue
-        try:
-            module = import_path(path)
-        except OptionError as exc:
-            raise OptionError(f"{{opt:{component}}} module {path!r} does not import: {exc.template}") from None
-        if component == "fsdp2" and not any(hasattr(module, api) for api in FSDP2_APIS):
-            raise OptionError(
-                f"{{opt:fsdp2}} module {path!r} has neither FSDP2Manager nor fsdp2_strategy_parallelize; "
-                "a fsdp2 module must define FSDP2Config and at least one of them"
-            )
-        if component == "ddp":
-            if not any(hasattr(module, api) for api in DDP_APIS):
-                raise OptionError(
-                    f"{{opt:ddp}} module {path!r} has neither parallelize_ddp nor DDPManager; "
-                    "a ddp module must define at least one of them"
-                )
-            continue
-        missing = [n for n in REQUIRED[component] if not hasattr(module, n)]
-        if missing:
-            raise OptionError(
-                f"{{opt:{component}}} module {path!r} has no {', '.join(missing)}; "
-                f"a {component} module must define {', '.join(REQUIRED[component])}"
-            )
-    if impl.fsdp2_sync_ctx is not None and "fsdp2" in components:
-        try:
-            resolve_callable(impl.fsdp2_sync_ctx)
-        except OptionError as exc:
-            raise OptionError(f"{{opt:fsdp2_sync_ctx}}: {exc.template}") from None
-    for field, spec in (("gather_fn", impl.gather_fn), ("no_grad_fn", impl.no_grad_fn)):
-        if spec is not None:
-            try:
-                found = resolve_callable(spec)
-            except OptionError as exc:
-                raise OptionError(f"{{opt:{field}}}: {exc.template}") from None
-            check_call(field, spec, found, impl)
-    if impl.ddp_wrapper is not None:
-        validate_wrapper(impl.ddp_wrapper)
+        checked = target.component in components
+        if target.module_field and impl.value(target.module_field) is not None and (checked or not target.standalone):
+            _validate_module(target, impl.value(target.module_field))
+        if checked and target.validate is not None:
+            _hook(target.validate)(impl)
 
 
-def _validate_suite_target(target: SuiteTarget, impl: Implementation) -> None:
-    """Import a suite component's module (its required names defined) and run the suite's own validation."""
-    path = impl.suite_option(target.module_field) if target.module_field else None
-    if path is not None:
-        try:
-            module = import_path(path)
-        except OptionError as exc:
-            raise OptionError(
-                f"{{opt:{target.module_field}}} module {path!r} does not import: {exc.template}"
-            ) from None
-        missing = [n for n in target.required if not hasattr(module, n)]
-        if missing:
-            raise OptionError(
-                f"{{opt:{target.module_field}}} module {path!r} has no {', '.join(missing)}; "
-                f"a {target.component} module must define {', '.join(target.required)}"
-            )
-    if target.validate is not None:
-        resolve_callable(target.validate)(impl)
+def _validate_module(target: SuiteTarget, path: str) -> None:
+    """Import a component's module and check that it defines its ``required`` names (and one ``required_any``)."""
+    try:
+        module = import_path(path)
+    except OptionError as exc:
+        raise OptionError(f"{{opt:{target.module_field}}} module {path!r} does not import: {exc.template}") from None
+    must = f"a {target.component} module must define {''.join(f'{n} and ' for n in target.required)}"
+    if target.required_any and not any(hasattr(module, n) for n in target.required_any):
+        names = " nor ".join(target.required_any)
+        raise OptionError(
+            f"{{opt:{target.module_field}}} module {path!r} has neither {names}; {must}at least one of them"
+        )
+    missing = [n for n in target.required if not hasattr(module, n)]
+    if missing:
+        raise OptionError(
+            f"{{opt:{target.module_field}}} module {path!r} has no {', '.join(missing)}; "
+            f"a {target.component} module must define {', '.join(target.required)}"
+        )
 
 
-#: The bundled implementation: the engine's modules and what each suite declares for its own component.
-REFERENCE = Implementation(
-    suite_options=_as_pairs({f: v for t in SUITE_TARGETS.values() for f, v in t.reference.items()})
-)
+def _preset(target: SuiteTarget, name: str) -> Mapping[str, Any]:
+    """What ``target`` holds under ``--preset name`` (its reference under the bundled preset unless it says)."""
+    return target.presets.get(name, target.reference if name == "nemo_dist" else {})
 
-#: Named module layouts, for ``--preset``.
-PRESETS = {
-    "nemo_dist": REFERENCE,
-    "nemo_automodel": Implementation(
-        gather="nemo_automodel.components.loss.dist_utils",
-        ddp="nemo_automodel.components.distributed.ddp",
-        config="nemo_automodel.components.distributed.config",
-        fsdp2="nemo_automodel.components.distributed.fsdp2",
-        fsdp2_sync_ctx="nemo_automodel.components.distributed.utils:get_sync_ctx",
-    ),
+
+#: The bundled implementation: what each suite declares as its reference.
+REFERENCE = Implementation(suite_options=[(f, v) for t in SUITE_TARGETS.values() for f, v in t.reference.items()])
+
+def _preset_implementation(name: str) -> Implementation:
+    """The implementation ``--preset name`` names: what every suite declares for it."""
+    return Implementation(suite_options=[(f, v) for t in SUITE_TARGETS.values() for f, v in _preset(t, name).items()])
+
+
+#: Named module layouts, for ``--preset``: the bundled one, and each layout the suites declare presets for.
+PRESETS: dict[str, Implementation] = {
+    name: _preset_implementation(name)
+    for name in ("nemo_dist", *dict.fromkeys(n for t in SUITE_TARGETS.values() for n in t.presets))
 }
 
 
@@ -335,21 +204,34 @@ def import_components(impl: Implementation, components: Sequence[str] = COMPONEN
     A :data:`STANDALONE` component's module only where ``components`` (those
     whose checks run) include it.
     """
-    for component in _ENGINE_COMPONENTS:
-        if getattr(impl, component) is not None and (component not in STANDALONE or component in components):
-            impl.module(component)
     for target in SUITE_TARGETS.values():
-        if target.component in components and target.module_field and impl.suite_option(target.module_field):
+        used = not target.standalone or target.component in components
+        if used and target.module_field and impl.value(target.module_field) is not None:
             impl.module(target.module_field)
 
 
 def checked_components(impl: Implementation) -> tuple[str, ...]:
-    """The components ``impl`` names (a module, or a gather callable), in the order gather, ddp, config, fsdp2, suites'.
+    """The components ``impl`` names (any of their fields holds a value), in :data:`COMPONENTS` order, then the
+    companions whose field holds one (a ``--ddp-fn`` wrapper's checks)."""
+    named = tuple(c for c, t in SUITE_TARGETS.items() if any(impl.value(f) is not None for f in t.fields))
+    fields = {f for t in SUITE_TARGETS.values() for f in t.companions.values()}
+    return (*named, *_companions({f: impl.value(f) for f in fields}))
 
-    A ``--ddp-fn`` wrapper is the ddp component, followed by :data:`WRAPPER`.
+
+def variants_of(component: str, impl: Implementation) -> tuple[str, ...] | None:
+    """The variants (entry points) of ``component`` that ``impl`` has, each checked on its own; None: one run.
+
+    The pinned one alone when its ``variant_field`` holds one; else those of
+    its ``variant_names`` its module defines; None where the component has
+    no variants or no module is named (a ``--ddp-fn`` wrapper replaces it).
     """
-    named = {"gather": impl.gather_named, "ddp": impl.ddp is not None or impl.ddp_wrapper is not None,
-             "config": impl.config is not None, "fsdp2": impl.fsdp2 is not None}
-    for target in SUITE_TARGETS.values():
-        named[target.component] = any(impl.suite_option(f) is not None for f in target.fields)
-    return (*(c for c in COMPONENTS if named[c]), *((WRAPPER,) if impl.ddp_wrapper is not None else ()))
+    target = SUITE_TARGETS.get(component)
+    if target is None or not target.variant_names or target.module_field is None:
+        return None
+    pinned = impl.value(target.variant_field) if target.variant_field else None
+    if pinned is not None:
+        return (pinned,)
+    if impl.value(target.module_field) is None:
+        return None
+    module = impl.module(target.module_field)
+    return tuple(name for name in target.variant_names if hasattr(module, name))

@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nemo_dist.conformance import load_checks
+from nemo_dist.conformance.adapters.wrapping import check_mesh_world_sizes, wrapper_from_options
 from nemo_dist.conformance.engine.json_report import write_json
 from nemo_dist.conformance.engine.junit import write_junit_xml
 from nemo_dist.conformance.engine.registry import TIERS, Check, select_checks
 from nemo_dist.conformance.engine.report import format_progress, format_report
 from nemo_dist.conformance.engine.runner import run_checks
-from nemo_dist.conformance.engine.target import Implementation, OptionError, implementation_from_options
+from nemo_dist.conformance.engine.target import Implementation, OptionError, implementation_from_options, variants_of
 from nemo_dist.conformance.engine.verdicts import Report, Verdict
-from nemo_dist.conformance.engine.wrapping import check_mesh_world_sizes, wrapper_from_options
 from nemo_dist.conformance.frontends import arguments
 from nemo_dist.conformance.frontends.arguments import DEFAULT_WORLD_SIZES, UsageError, option_name, reproduce_command
 from nemo_dist.testing import gpus, options
@@ -44,11 +44,11 @@ def _exact_check(checks: list[Check], impl: Implementation, name: str) -> tuple[
     if not bracket:
         return found, impl
     api = api.removesuffix("]")
-    apis = impl.ddp_apis() if found[0].component == "ddp" else ()
-    if api not in apis:
-        choices = ", ".join(f"{base}[{a}]" for a in apis) or base
+    runs = dict(found[0].runs(impl)) if variants_of(found[0].component, impl) is not None else {}
+    if name not in runs:
+        choices = ", ".join(runs) or base
         raise UsageError(f"--check {name!r}: no entry point {api!r} for this check; use {choices}")
-    return found, impl.with_ddp_api(api)
+    return found, runs[name]
 
 
 def _selected(
@@ -105,7 +105,7 @@ def _options(
     try:
         wrapper = wrapper_from_options(lambda field: getattr(args, field))
         check_mesh_world_sizes(wrapper, sizes, "--world-sizes")
-        impl, components = implementation_from_options(lambda field: getattr(args, field), wrapper)
+        impl, components = implementation_from_options(lambda field: getattr(args, field), {"ddp_wrapper": wrapper})
     except OptionError as exc:
         raise UsageError(exc.worded(option_name)) from None
     return impl, components, sizes, max_examples, timeout, notes
@@ -133,7 +133,7 @@ def _version() -> str:
 def _list(checks: list[Check], impl: Implementation) -> str:
     """One line per check a run of ``checks`` would make: name (with its DDP entry points), component, tier, the
     one-line promise; then their count."""
-    rows = [(name, c.component, c.tier, c.description) for c in checks for name, _ in c.variants(impl)]
+    rows = [(name, c.component, c.tier, c.description) for c in checks for name, _ in c.runs(impl)]
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {component:<10}  {tier:<8}  {promise}" for name, component, tier, promise in rows]
     return "\n".join([*lines, f"{len(rows)} checks"]) + "\n"

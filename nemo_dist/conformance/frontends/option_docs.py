@@ -25,7 +25,6 @@ __all__ = ["KINDS", "TABLES", "default_cell", "marked_tables", "render_readme", 
 #: declared in its options module: :func:`~nemo_dist.conformance.engine.declarations.suite_tables`).
 TABLES: Mapping[str, str] = {
     "names": "what it names",  # docs/conformance.md: what the options name to check
-    "wrapper": "what it says",  # docs/wrappers.md: the --ddp-fn options
     **suite_tables(),
 }
 

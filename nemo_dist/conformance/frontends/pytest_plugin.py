@@ -68,8 +68,8 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
     preset names all four; naming nothing checks the bundled modules.
     Raises ``pytest.UsageError`` saying how to fix a bad option.
     """
+    from nemo_dist.conformance.adapters.wrapping import check_mesh_world_sizes, wrapper_from_options
     from nemo_dist.conformance.engine.target import OptionError, implementation_from_options
-    from nemo_dist.conformance.engine.wrapping import check_mesh_world_sizes, wrapper_from_options
     from nemo_dist.testing import options as values
 
     try:
@@ -80,7 +80,9 @@ def implementation(config: pytest.Config) -> tuple[Implementation, tuple[str, ..
             sizes = ()
         if sizes:
             check_mesh_world_sizes(wrapper, sizes, "--dist-world-sizes")
-        impl, checked = implementation_from_options(lambda field: config.getoption(option_name(field)), wrapper)
+        impl, checked = implementation_from_options(
+            lambda field: config.getoption(option_name(field)), {"ddp_wrapper": wrapper}
+        )
     except OptionError as exc:
         raise pytest.UsageError(exc.worded(option_name)) from None
     return impl, checked
@@ -234,7 +236,7 @@ def check_holds(
 
 def _missing_parameter_cause(impl: Implementation | None, exc: BaseException) -> str:
     """For a callable whose hidden signature lacked a parameter in the call: which, and the option to fill it."""
-    from nemo_dist.conformance.engine.signature import missing_in_text
+    from nemo_dist.conformance.adapters.signature import missing_in_text
 
     if impl is None or impl.gather_fn is None:
         return ""

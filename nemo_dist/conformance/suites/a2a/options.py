@@ -10,7 +10,10 @@ from __future__ import annotations
 from nemo_dist.conformance.engine.declarations import SuiteTarget
 from nemo_dist.conformance.engine.option_spec import Doc, Option
 
-__all__ = ["A2A_SYMBOLS", "OPTIONS", "TABLES", "TARGET"]
+__all__ = ["A2A_SYMBOLS", "OPTIONS", "ORDER", "TABLES", "TARGET"]
+
+#: Where this suite's checks stand in the run and its options in the table (engine.declarations).
+ORDER = 80
 
 _NAMES = "names"  # the README table "| option | what it names |"
 _A2A = "a2a"  # the README table "| option | what it says |" of an all-to-all callable
@@ -71,6 +74,5 @@ TARGET = SuiteTarget(
     presets={"nemo_dist": {"a2a": "nemo_dist.distributed.all_to_all"}},
     label_fields=("a2a_fn", "a2a"),
     validate="nemo_dist.conformance.suites.a2a.target:validate",
-    repeatable=("a2a_kwarg",),
     subject_fields=("a2a", "a2a_fn"),
 )

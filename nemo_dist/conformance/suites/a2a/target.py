@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from nemo_dist.conformance.engine.callables import parse_keyword_pairs
+from nemo_dist.conformance.adapters.callables import parse_keyword_pairs
+from nemo_dist.conformance.adapters.signature import arguments, is_function_class
+from nemo_dist.conformance.adapters.symbols import Factory, Symbol, value_of
 from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import import_path, resolve_callable
-from nemo_dist.conformance.engine.signature import arguments, is_function_class
-from nemo_dist.conformance.engine.symbols import Factory, Symbol, value_of
 from nemo_dist.conformance.suites.a2a.options import A2A_SYMBOLS
 from nemo_dist.conformance.suites.gather.calls import landed
 

@@ -40,7 +40,7 @@ from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, check
 from nemo_dist.conformance.suites.ddp import op_ranks, ranks, recompute, training
 from nemo_dist.conformance.suites.ddp.configs import ddp_configs
-from nemo_dist.conformance.suites.ddp.entry_point import NotDDP
+from nemo_dist.conformance.suites.ddp.entry_point import NotDDP, resolved_api
 from nemo_dist.conformance.suites.ddp.expectations import (
     TOLERANCE_BF16,
     TOLERANCE_FLOAT64,
@@ -144,13 +144,13 @@ def requires_process_group(world: None, impl: Implementation) -> None:
         raise unittest.SkipTest("this process is a rank of a world (torchrun); the check needs one without a group")
     raised = ranks.requires_process_group(impl)
     assert raised == "RuntimeError", (
-        f"{impl.resolved_ddp_api()} without an initialised process group "
+        f"{resolved_api(impl)} without an initialised process group "
         + ("raised nothing" if raised is None else f"raised {raised}")
         + "; expected RuntimeError"
     )
 
 
-@check("ddp.manager_attributes", tier="core", component="ddp", ddp_apis=("DDPManager",))
+@check("ddp.manager_attributes", tier="core", component="ddp", variants=("DDPManager",))
 def manager_attributes(world: WorldLike, impl: Implementation) -> None:
     """DDPManager sets rank, world_size and device (its GPU under NCCL) and mirrors every config field."""
     for config in _BASIC_CONFIGS:

@@ -20,8 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nemo_dist.conformance.engine.errors import ChosenByCode
-from nemo_dist.conformance.engine.implementation import DDPWrapper, Implementation
+from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
+from nemo_dist.conformance.engine.errors import ChosenByCode, NotSupported
+from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.engine.target import variants_of
 from nemo_dist.conformance.suites.ddp.sharded import cpu_copy, grad_copy
 from nemo_dist.conformance.suites.ddp.templates import seeded_template
 from nemo_dist.conformance.suites.ddp.wrapped import wrap
@@ -40,6 +42,7 @@ __all__ = [
     "observe_comm",
     "parallelizer",
     "params_of",
+    "resolved_api",
     "seeded",
     "sgd_step",
     "square_loss",
@@ -96,6 +99,17 @@ class WrapperEntryPoint:
         return wrapped.trained
 
 
+def resolved_api(impl: Implementation) -> str:
+    """The DDP entry point the rank functions use: the pinned one, else ``DDPManager`` when the module has it.
+
+    Raises ``NotSupported`` when the module defines neither.
+    """
+    apis = variants_of("ddp", impl) or ()
+    if not apis:
+        raise NotSupported(f"{impl.ddp} defines neither parallelize_ddp nor DDPManager")
+    return "DDPManager" if "DDPManager" in apis else apis[0]
+
+
 def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
     """The implementation's entry point for a config of ``config_kwargs``: an object with ``parallelize(model)``.
 
@@ -106,7 +120,7 @@ def parallelizer(impl: Implementation, config_kwargs: dict[str, Any]) -> Any:
         return WrapperEntryPoint(impl.ddp_wrapper, dict(config_kwargs))
     config = impl.module("config").DDPConfig(**config_kwargs)
     module = impl.module("ddp")
-    if impl.resolved_ddp_api() == "DDPManager":
+    if resolved_api(impl) == "DDPManager":
         return module.DDPManager(config)
     return FunctionEntryPoint(module.parallelize_ddp, config)
 

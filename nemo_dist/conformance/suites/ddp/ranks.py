@@ -47,6 +47,7 @@ from nemo_dist.conformance.suites.ddp.entry_point import (
     observe_comm,
     parallelizer,
     params_of,
+    resolved_api,
     seeded,
     sgd_step,
 )
@@ -150,7 +151,7 @@ def requires_process_group(impl: Implementation) -> str | None:
     config = impl.module("config").DDPConfig()
     module = impl.module("ddp")
     try:
-        if impl.resolved_ddp_api() == "DDPManager":
+        if resolved_api(impl) == "DDPManager":
             module.DDPManager(config).parallelize(seeded(_TinyModel, 0))
         else:
             module.parallelize_ddp(seeded(_TinyModel, 0), config)

@@ -10,7 +10,7 @@ a ``.module`` chain, or composable ``replicate``'s state). A failure that
 says the wrapper needs CUDA or a launcher's environment is raised as
 :class:`EnvironmentNeeded`, in one line.
 
-A step runs the declared protocol (:mod:`nemo_dist.conformance.engine.wrapping`):
+A step runs the declared protocol (:mod:`nemo_dist.conformance.adapters.wrapping`):
 :func:`backward` (then the after-backward method on a step that syncs),
 :func:`gradients` (``param.grad`` or the declared attribute), :func:`clear`
 (the declared zeroing method, and ``param.grad = None``), and
@@ -33,12 +33,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from nemo_dist.conformance.adapters.symbols import Factory, Symbol
+from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
+from nemo_dist.conformance.adapters.wrapping import DDP_FIELD_KEYWORDS, accepts, call_arguments, receivers
 from nemo_dist.conformance.engine.errors import NotSupported
-from nemo_dist.conformance.engine.implementation import DDPWrapper
 from nemo_dist.conformance.engine.importing import made, resolve_callable
 from nemo_dist.conformance.engine.needs_gpu import gpu_need
-from nemo_dist.conformance.engine.symbols import Factory, Symbol
-from nemo_dist.conformance.engine.wrapping import DDP_FIELD_KEYWORDS, accepts, call_arguments, receivers
 from nemo_dist.conformance.suites.ddp.mesh import mesh_form, world_mesh
 from nemo_dist.conformance.suites.ddp.sharded import cpu_copy, grad_copy
 
@@ -161,7 +161,7 @@ def _mesh_value(wrapper: DDPWrapper, keyword: str) -> Any:
 
 
 def _symbol_value(name: str, wrapper: DDPWrapper, keyword: str) -> Any:
-    """What ``@name`` of :data:`~nemo_dist.conformance.engine.symbols.WRAPPER_SYMBOLS` is here, as ``keyword``."""
+    """What ``@name`` of :data:`~nemo_dist.conformance.adapters.symbols.WRAPPER_SYMBOLS` is here, as ``keyword``."""
     if name == "mesh":
         return _mesh_value(wrapper, keyword)
     if name == "device":

@@ -14,12 +14,13 @@ checks then report it, each).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
+from nemo_dist.conformance.adapters.gather_spec import gather_label
+from nemo_dist.conformance.adapters.signature import GROUP_PARAMETERS
 from nemo_dist.conformance.engine.deadlines import warm_up
 from nemo_dist.conformance.engine.errors import MissingParameter, OptionError
-from nemo_dist.conformance.engine.implementation import GROUP_PARAMETERS, Implementation
+from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import Suite, register_suite
 from nemo_dist.conformance.suites.gather import checks, extended, ranks
 
@@ -65,12 +66,12 @@ def detect_output_form(world: Any, impl: Implementation, notes: list[str]) -> Im
     failed = [(rank, c["error"]) for rank, c in enumerate(calls) if c["error"]]
     if failed:
         rank, error = failed[0]
-        notes.append(f"{impl.gather_label}: its first call failed on rank {rank}: {error.splitlines()[0]}")
+        notes.append(f"{gather_label(impl)}: its first call failed on rank {rank}: {error.splitlines()[0]}")
         return impl
     forms = [c["form"] for c in calls]
     if impl.gather_form == "auto" and len(set(forms)) == 1 and forms[0]:
-        notes.append(f"{impl.gather_label}: output form {forms[0]!r}, detected from its first call")
-        return dataclasses.replace(impl, gather_form=forms[0])
+        notes.append(f"{gather_label(impl)}: output form {forms[0]!r}, detected from its first call")
+        return impl.replaced(gather_form=forms[0])
     return impl
 
 

@@ -1,9 +1,9 @@
 """Rank side of one call of a gather callable: the values filled for it, and its result made readable.
 
-:func:`filled` replaces each :class:`~nemo_dist.conformance.engine.symbols.Symbol`
+:func:`filled` replaces each :class:`~nemo_dist.conformance.adapters.symbols.Symbol`
 among a call's values by what it stands for in this call (the call's group,
 every rank's row count, W empty buffers like ``x`` ...: see
-:data:`~nemo_dist.conformance.engine.symbols.SYMBOLS`); :func:`world_group` is
+:data:`~nemo_dist.conformance.adapters.symbols.SYMBOLS`); :func:`world_group` is
 the process group a call without a subgroup passes where the callable needs
 one; :func:`landed` waits on results whose collective may still be in flight
 (torch's ``AsyncCollectiveTensor``, which ``DTensor.to_local()`` and the
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_dist.conformance.adapters.symbols import Factory, Symbol
 from nemo_dist.conformance.engine.importing import made
-from nemo_dist.conformance.engine.symbols import Factory, Symbol
 
 __all__ = ["filled", "landed", "world_group"]
 

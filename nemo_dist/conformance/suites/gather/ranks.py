@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_dist.conformance.engine import signature
+from nemo_dist.conformance.adapters import signature
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.needs_gpu import gpu_need
 from nemo_dist.conformance.suites.gather.target import describe, target

@@ -29,11 +29,13 @@ from typing import Any
 
 import torch
 
-from nemo_dist.conformance.engine import signature
+from nemo_dist.conformance.adapters import signature
+from nemo_dist.conformance.adapters.gather_spec import call_kwargs, init_kwargs
+from nemo_dist.conformance.adapters.signature import GROUP_PARAMETERS
+from nemo_dist.conformance.adapters.symbols import Symbol
 from nemo_dist.conformance.engine.errors import NotApplicable, NotSupported
-from nemo_dist.conformance.engine.implementation import GROUP_PARAMETERS, Implementation
+from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import resolve_callable
-from nemo_dist.conformance.engine.symbols import Symbol
 from nemo_dist.conformance.suites.gather.calls import filled, landed, world_group
 
 __all__ = ["GROUP_PARAMETERS", "GatherTarget", "describe", "detect_form", "target"]
@@ -304,7 +306,7 @@ class GatherTarget:
 def _callable(spec: str, impl: Implementation) -> tuple[Callable[..., Any], _Signature]:
     """The callable ``spec`` names (a class built with ``impl``'s ``--gather-init`` keywords) and its signature."""
     found = resolve_callable(spec)
-    sig = _signature(found, allow_var_keyword=False, keywords=impl.gather_call_kwargs())
+    sig = _signature(found, allow_var_keyword=False, keywords=call_kwargs(impl))
     if signature.is_built_class(found):
         return _Built(found, impl), sig
     return (found.apply if sig.function_class else found), sig
@@ -323,7 +325,7 @@ class _Built:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._object is None:
-            values = self._impl.gather_init_kwargs()
+            values = init_kwargs(self._impl)
             try:
                 parameters = dict(inspect.signature(self._cls).parameters)
             except (TypeError, ValueError):
@@ -352,7 +354,7 @@ def target(impl: Implementation) -> GatherTarget:
             no_grad,
             with_signature,
             no_grad_signature,
-            tuple(impl.gather_call_kwargs().items()),
+            tuple(call_kwargs(impl).items()),
             impl.gather_output,
         )
     module = impl.module("gather")

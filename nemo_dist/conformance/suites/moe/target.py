@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from nemo_dist.conformance.adapters.wrapping import DTYPES
 from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import resolve_callable
-from nemo_dist.conformance.engine.wrapping import DTYPES
 from nemo_dist.conformance.suites.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
 from nemo_dist.conformance.suites.moe.layer import TinyMoE
 

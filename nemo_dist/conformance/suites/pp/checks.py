@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
+from nemo_dist.conformance.adapters.target_raised import run_reports as rank_reports
+from nemo_dist.conformance.adapters.target_raised import split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, failure, thorough
-from nemo_dist.conformance.engine.target_raised import run_reports as rank_reports
-from nemo_dist.conformance.engine.target_raised import split_reports
 from nemo_dist.conformance.suites.pp import ranks, target
 from nemo_dist.conformance.suites.pp.causes import (
     DETACHED,
@@ -73,7 +73,7 @@ def _describe(schedule: str | None, size: int, microbatches: int) -> str:
 
 def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[PipelineRun | dict[str, Any]]:
     """Every rank's :func:`~.ranks.run` of ``spec``; a rank where the target raised reports the dict ``{"error",
-    "where", "traceback"}`` instead (:func:`~nemo_dist.conformance.engine.target_raised.run_reports`: a raise
+    "where", "traceback"}`` instead (:func:`~nemo_dist.conformance.adapters.target_raised.run_reports`: a raise
     on some ranks only is the harness's ``RankFailure``, never a hang)."""
     return rank_reports(world, ranks.run, impl, spec)
 

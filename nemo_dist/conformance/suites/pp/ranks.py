@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
-from nemo_dist.conformance.engine.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import NormTwice, PipelineRun
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM

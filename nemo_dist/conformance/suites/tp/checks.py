@@ -22,11 +22,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nemo_dist.conformance.adapters.target_raised import run_reports as rank_reports
+from nemo_dist.conformance.adapters.target_raised import split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, thorough
-from nemo_dist.conformance.engine.target_raised import run_reports as rank_reports
-from nemo_dist.conformance.engine.target_raised import split_reports
 from nemo_dist.conformance.suites.tp import ranks
 from nemo_dist.conformance.suites.tp.causes import KV_HEADS, MULTIPLIED, RANKS_DISAGREE, REPLICA_SYNC, failure, tp_check
 from nemo_dist.conformance.suites.tp.messages import TPRun, UnbuiltModel
@@ -72,7 +72,7 @@ def run_reports(
     world: WorldLike, impl: Implementation, spec: dict[str, Any]
 ) -> list[TPRun | UnbuiltModel | dict[str, Any]]:
     """Every rank's report of :func:`~.ranks.run` of ``spec``; a rank where the target raised reports the dict
-    ``{"error", "where", "traceback", "tp", "dp"}`` (:func:`~nemo_dist.conformance.engine.target_raised.run_reports`:
+    ``{"error", "where", "traceback", "tp", "dp"}`` (:func:`~nemo_dist.conformance.adapters.target_raised.run_reports`:
     a raise on some ranks only is the harness's ``RankFailure``, never a hang)."""
     dp = spec.get("dp", 1)
     return rank_reports(world, ranks.run, impl, spec, error_fields={"tp": world.size // dp, "dp": dp})

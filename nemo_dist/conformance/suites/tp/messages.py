@@ -1,7 +1,7 @@
 """What the tp suite's ranks send the parent: typed, so that every read of a rank's report is checked by mypy.
 
 A rank whose target raised sends no report: the parent reads the raise
-(:mod:`~nemo_dist.conformance.engine.target_raised`).
+(:mod:`~nemo_dist.conformance.adapters.target_raised`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ from __future__ import annotations
 from nemo_dist.conformance.engine.declarations import SuiteTarget
 from nemo_dist.conformance.engine.option_spec import Doc, Option
 
-__all__ = ["OPTIONS", "TABLES", "TARGET"]
+__all__ = ["OPTIONS", "ORDER", "TABLES", "TARGET"]
+
+#: Where this suite's checks stand in the run and its options in the table (engine.declarations).
+ORDER = 70
 
 _NAMES = "names"  # the README table "| option | what it names |"
 _TP = "tp"  # the README table "| option | what it says |" of a tensor-parallel plan

@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
-from nemo_dist.conformance.engine.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.suites.ddp.sharded import whole_grad
 from nemo_dist.conformance.suites.fsdp2 import calls
 from nemo_dist.conformance.suites.tp import target

@@ -61,8 +61,8 @@ def screen(check: Check, impl: Implementation) -> None:
             "wrapper.trains_like_one_process"
         )
     if "real_models" in check.name:
+        from nemo_dist.conformance.adapters.wrapping import accepts, receivers
         from nemo_dist.conformance.engine.importing import resolve_callable
-        from nemo_dist.conformance.engine.wrapping import accepts, receivers
 
         takes, _ = receivers(resolve_callable(wrapper.fn), wrapper.method)
         if not accepts(takes, "activation_checkpointing", var_keyword=False):

@@ -35,9 +35,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
 from nemo_dist.conformance.engine.deadlines import StepAborted
 from nemo_dist.conformance.engine.errors import NotApplicable
-from nemo_dist.conformance.engine.implementation import DDPWrapper, Implementation
+from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, check
 from nemo_dist.conformance.suites.ddp.expectations import (
     COMPUTE_ROUNDINGS,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nemo_dist.conformance.engine.implementation import DDPWrapper
+from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
 from nemo_dist.conformance.suites.wrapper.messages import AccumulationReport, NestedReport, Stepped, TrainReport
 
 __all__ = [

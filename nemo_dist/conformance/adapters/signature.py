@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 __all__ = [
+    "GROUP_PARAMETERS",
     "arguments",
     "calls_instances",
     "is_built_class",
@@ -30,6 +31,9 @@ __all__ = [
     "parameters_after_x",
     "unfilled",
 ]
+
+#: Parameter names taken to be a process group (the checks pass it, as they pass ``uneven=``).
+GROUP_PARAMETERS: tuple[str, ...] = ("group", "process_group", "pg")
 
 _P = inspect.Parameter
 _POSITIONAL = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)

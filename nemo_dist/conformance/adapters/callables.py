@@ -4,7 +4,7 @@ Options give the values a call needs besides ``x``: ``--gather-kwarg
 NAME=VALUE`` on every call, ``--gather-init NAME=VALUE`` to build a class
 once per rank before calling the object (st-moe's ``AllGather(dim=0)``), and
 ``--gather-output INDEX``. A VALUE is a Python literal, or one of the
-:data:`~nemo_dist.conformance.engine.symbols.SYMBOLS` (``@out_buffers``,
+:data:`~nemo_dist.conformance.adapters.symbols.SYMBOLS` (``@out_buffers``,
 ``@row_sizes`` ...), which the rank fills for each call, since a fixed
 literal cannot follow the call's input and group (:mod:`.symbols`).
 :func:`check_call` reads the callable's signature (and its constructor's)
@@ -22,11 +22,12 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from nemo_dist.conformance.engine import signature
+from nemo_dist.conformance.adapters import signature
+from nemo_dist.conformance.adapters.signature import GROUP_PARAMETERS
+from nemo_dist.conformance.adapters.symbols import FACTORY_TEXT, INIT_SYMBOLS, SYMBOLS, value_of
 from nemo_dist.conformance.engine.errors import MissingParameter, OptionError
-from nemo_dist.conformance.engine.implementation import GROUP_PARAMETERS, Implementation
+from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import resolve_callable
-from nemo_dist.conformance.engine.symbols import FACTORY_TEXT, INIT_SYMBOLS, SYMBOLS, value_of
 
 __all__ = [
     "check_call",

@@ -39,12 +39,12 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nemo_dist.conformance.engine import signature
-from nemo_dist.conformance.engine.callables import missing_parameter_error, parse_keyword_pairs, parse_output_index
+from nemo_dist.conformance.adapters import signature
+from nemo_dist.conformance.adapters.callables import missing_parameter_error, parse_keyword_pairs, parse_output_index
+from nemo_dist.conformance.adapters.symbols import WRAPPER_SYMBOLS
+from nemo_dist.conformance.adapters.wrapper_spec import DDPWrapper
 from nemo_dist.conformance.engine.errors import OptionError
-from nemo_dist.conformance.engine.implementation import DDPWrapper
 from nemo_dist.conformance.engine.importing import resolve_callable
-from nemo_dist.conformance.engine.symbols import WRAPPER_SYMBOLS
 
 __all__ = [
     "BUFFERS",
@@ -60,6 +60,7 @@ __all__ = [
     "check_mesh_world_sizes",
     "parse_wrapper",
     "receivers",
+    "validate_ddp",
     "validate_wrapper",
     "wrapper_from_options",
 ]
@@ -388,3 +389,9 @@ def _check_keywords(
             f"{{opt:ddp_kwarg}} {unknown[0]}=...: {where} takes no parameter {unknown[0]!r} (besides the model "
             f"it takes: {takes}); drop it or fix the name"
         )
+
+
+def validate_ddp(impl: Any) -> None:
+    """The ddp component's own validation: its ``--ddp-fn`` wrapper, where one is named (:func:`validate_wrapper`)."""
+    if impl.ddp_wrapper is not None:
+        validate_wrapper(impl.ddp_wrapper)
