@@ -4,7 +4,7 @@ Two properties: no import cycle anywhere in ``nemo_dist``, and every import
 goes down the layers named here and in ``docs/ARCHITECTURE.md``
 (:data:`PACKAGE_LAYERS`: the harness below the conformance package below the
 console script, the components apart; :data:`CONFORMANCE_LAYERS`: the
-conformance package, foundations to front ends). Imports within a layer are
+conformance package's folders, engine to front ends, read from the tree). Imports within a layer are
 free, as long as they make no cycle.
 
 The graph is read from the source, not from ``sys.modules``: every module of

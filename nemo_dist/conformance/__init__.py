@@ -10,22 +10,19 @@ or one all-gather callable (``gather_fn="module:name"``). The core tier is
 upstream's contract (nemo-automodel 0.7.0); the extended tier is what
 nemo_dist promises beyond it.
 
-The package is laid out in layers, and imports go downwards only
-(``docs/ARCHITECTURE.md``; ``tests/test_import_layers.py`` enforces it):
+The package is laid out in four folders, one per layer, and imports go
+downwards only (``docs/ARCHITECTURE.md``; ``tests/test_import_layers.py``
+reads the layers from the folders and enforces them):
 
-- the engine: :mod:`.implementation` (what is checked), :mod:`.callables`
-  and :mod:`.wrapping` (how a gather callable and a ``--ddp-fn`` wrapper are
-  called), :mod:`.target` (options resolved and validated), :mod:`.registry`
-  (the one list of checks and its expansion into runs), :mod:`.verdicts`,
-  :mod:`.runner`, :mod:`.deadlines`, :mod:`.report` (with :mod:`.junit`,
-  :mod:`.json_report` and :mod:`.versions`), :mod:`.inworld`
-  (torchrun mode); it imports no suite;
-- one suite per component, registered with the engine when imported:
-  :mod:`.gather`, :mod:`.ddp`, :mod:`.config`, :mod:`.real_models`,
-  :mod:`.wrapper` (any data-parallel wrapper, ``--ddp-fn``), :mod:`.fsdp2`
-  (NeMo AutoModel's FSDP2 path, ``--fsdp2``);
-- front ends: :mod:`.cli` (``nemo-dist-conformance``, ``python -m
-  nemo_dist.conformance``) and :mod:`.pytest_plugin` (``pytest conformance/``).
+- :mod:`.engine`: what is checked (:class:`Implementation`, the option table,
+  option resolution), the registry of checks, the runner, verdicts and
+  reports; it names no suite;
+- :mod:`.adapters`: how a suite calls a user's target (a callable's signature
+  filled, a ``--ddp-fn`` wrapper, a target that raised on some ranks);
+- :mod:`.suites`: one folder per component, each declaring itself in its
+  ``options.py`` and registering its checks when imported;
+- :mod:`.frontends`: ``nemo-dist-conformance`` (``python -m
+  nemo_dist.conformance``), torchrun mode and ``pytest conformance/``.
 """
 
 from __future__ import annotations
