@@ -2,22 +2,33 @@
 runs the target once per spec and shares the run between their checks (tp, pp).
 
 On a rank, :func:`run_once` keeps a run's report, or the :class:`TargetRaised` it raised, for the next check. In
-the parent, :func:`run_reports` reads a raise on a rank back as that rank's error report.
+the parent, :func:`run_reports` reads a raise on a rank back as that rank's :class:`Raised` report.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nemo_dist.conformance.engine.registry import WorldLike
 from nemo_dist.testing import RankFailure
 
-__all__ = ["TargetRaised", "run_once", "run_reports", "split_reports"]
+__all__ = ["Raised", "TargetRaised", "run_once", "run_reports", "split_reports"]
 
-#: A rank's report of one run (a dict, or a suite's typed message).
+#: A rank's report of one run (a suite's typed message).
 Report = TypeVar("Report")
+
+
+@dataclass(frozen=True)
+class Raised:
+    """What a rank whose target raised reports instead of its run: ``where`` it raised (``building the
+    pipeline``, ``in forward``...), the ``error`` (``Type: message``) and the rank's whole ``traceback``."""
+
+    where: str
+    error: str
+    traceback: str
 
 
 class TargetRaised(Exception):
@@ -45,17 +56,15 @@ def run_once(runs: dict[Any, Report | TargetRaised], key: Any, make: Callable[[]
     return found
 
 
-def run_reports(
-    world: WorldLike, fn: Callable[..., Report], *args: Any, error_fields: Mapping[str, Any] | None = None
-) -> list[Report | dict[str, Any]]:
+def run_reports(world: WorldLike, fn: Callable[..., Report], *args: Any) -> list[Report | Raised]:
     """Every rank's ``fn(*args)`` (a rank function raising :class:`TargetRaised`); a rank where the target raised
-    reports ``{"error", "where", "traceback"}`` and ``error_fields``. A target that raised on some ranks while
+    reports :class:`Raised`. A target that raised on some ranks while
     others waited for it is the harness's ``RankFailure`` (the exception, and where the others were stuck), raised
     as it is: never a hang, never a report; so is a rank that died or broke elsewhere."""
     try:
         return world.run(fn, *args)
     except RankFailure as exc:
-        found: list[Report | dict[str, Any]] = []
+        found: list[Report | Raised] = []
         for rank in range(world.size):
             text = exc.failures.get(rank, "")
             raised = _RAISED.match(text.splitlines()[0]) if text else None
@@ -64,13 +73,12 @@ def run_reports(
             elif raised is None:
                 raise
             else:
-                found.append({"error": raised["error"], "where": raised["where"], "traceback": text,
-                              **(error_fields or {})})
+                found.append(Raised(where=raised["where"], error=raised["error"], traceback=text))
         return found
 
 
-def split_reports(found: Sequence[Report | dict[str, Any]]) -> tuple[list[tuple[int, dict[str, Any]]], list[Report]]:
-    """``(raised, reports)`` of :func:`run_reports`' answer: ``(rank, error report)`` of every rank whose target
+def split_reports(found: Sequence[Report | Raised]) -> tuple[list[tuple[int, Raised]], list[Report]]:
+    """``(raised, reports)`` of :func:`run_reports`' answer: ``(rank, Raised)`` of every rank whose target
     raised, and the other ranks' reports, each in rank order."""
-    raised = [(rank, r) for rank, r in enumerate(found) if isinstance(r, dict)]
-    return raised, [r for r in found if not isinstance(r, dict)]
+    raised = [(rank, r) for rank, r in enumerate(found) if isinstance(r, Raised)]
+    return raised, [r for r in found if not isinstance(r, Raised)]

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from nemo_dist.conformance.adapters.target_raised import Raised, split_reports
 from nemo_dist.conformance.adapters.target_raised import run_reports as rank_reports
-from nemo_dist.conformance.adapters.target_raised import split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, failure, thorough
@@ -71,10 +71,10 @@ def _describe(schedule: str | None, size: int, microbatches: int) -> str:
             f"{'es' if microbatches != 1 else ''}")
 
 
-def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[PipelineRun | dict[str, Any]]:
-    """Every rank's :func:`~.ranks.run` of ``spec``; a rank where the target raised reports the dict ``{"error",
-    "where", "traceback"}`` instead (:func:`~nemo_dist.conformance.adapters.target_raised.run_reports`: a raise
-    on some ranks only is the harness's ``RankFailure``, never a hang)."""
+def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[PipelineRun | Raised]:
+    """Every rank's :func:`~.ranks.run` of ``spec``; a rank where the target raised reports
+    :class:`~nemo_dist.conformance.adapters.target_raised.Raised` instead (a raise on some ranks only is the
+    harness's ``RankFailure``, never a hang)."""
     return rank_reports(world, ranks.run, impl, spec)
 
 
@@ -101,27 +101,27 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[Pip
             runs.append((where, found))
             continue
         first = raised[0][1]
-        same = {(r["where"], r["error"]) for _, r in raised} == {(ranks.BUILDING, first["error"])}
+        same = {(r.where, r.error) for _, r in raised} == {(ranks.BUILDING, first.error)}
         if len(raised) == world.size and same and microbatches < 2 * world.size and _about_microbatches(first):
-            refused.append(f"{where}: {first['error']}")
+            refused.append(f"{where}: {first.error}")
             continue
-        if len({(r["where"], r["error"]) for _, r in raised}) == 1:
+        if len({(r.where, r.error) for _, r in raised}) == 1:
             ranks_text = "every rank" if len(raised) == world.size else "rank" + (
                 "s " if len(raised) > 1 else " ") + ", ".join(str(rank) for rank, _ in raised)
-            errors = f"{ranks_text} {first['where']}: {first['error']}"
+            errors = f"{ranks_text} {first.where}: {first.error}"
         else:
-            errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
+            errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
         raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}\n"
-                             f"{first['traceback']}")
+                             f"{first.traceback}")
     if not runs:
         raise NotApplicable("the pipeline refuses every microbatch count checked: " + "; ".join(refused))
     return runs
 
 
-def _about_microbatches(report: dict[str, Any]) -> bool:
+def _about_microbatches(report: Raised) -> bool:
     """Whether a target's error refuses a microbatch count (torch's say "microbatches"): any other error is a
     failure, whatever the count."""
-    return "microbatch" in report["error"].lower()
+    return "microbatch" in report.error.lower()
 
 
 def _close(pair: Any, tolerance: float) -> bool:
@@ -254,9 +254,9 @@ def tied_weights_summed_or_refused(world: WorldLike, impl: Implementation) -> No
     spec = {"microbatches": world.size, "schedule": schedule, "steps": steps, "tied": True}
     raised, found = split_reports(run_reports(world, impl, spec))
     if raised:
-        if len(raised) == world.size and all(r["where"] == ranks.BUILDING for _, r in raised):
+        if len(raised) == world.size and all(r.where == ranks.BUILDING for _, r in raised):
             return  # refused on every rank before any step: what a pipeline that cannot keep copies in sync does
-        errors = "; ".join(f"rank {rank} {r['where']}: {r['error']}" for rank, r in raised)
+        errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
         raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}")
     tolerance = found[0].tolerance
     copies = [(rank, index, name, grad) for rank, r in enumerate(found) for index, name, grad in r.copies]

@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nemo_dist.conformance.adapters.target_raised import Raised, split_reports
 from nemo_dist.conformance.adapters.target_raised import run_reports as rank_reports
-from nemo_dist.conformance.adapters.target_raised import split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, thorough
@@ -68,14 +68,11 @@ def splits(world_size: int, model: str) -> bool:
     return ":" in model or KV_HEADS % world_size == 0
 
 
-def run_reports(
-    world: WorldLike, impl: Implementation, spec: dict[str, Any]
-) -> list[TPRun | UnbuiltModel | dict[str, Any]]:
-    """Every rank's report of :func:`~.ranks.run` of ``spec``; a rank where the target raised reports the dict
-    ``{"error", "where", "traceback", "tp", "dp"}`` (:func:`~nemo_dist.conformance.adapters.target_raised.run_reports`:
-    a raise on some ranks only is the harness's ``RankFailure``, never a hang)."""
-    dp = spec.get("dp", 1)
-    return rank_reports(world, ranks.run, impl, spec, error_fields={"tp": world.size // dp, "dp": dp})
+def run_reports(world: WorldLike, impl: Implementation, spec: dict[str, Any]) -> list[TPRun | UnbuiltModel | Raised]:
+    """Every rank's report of :func:`~.ranks.run` of ``spec``; a rank where the target raised reports
+    :class:`~nemo_dist.conformance.adapters.target_raised.Raised` (a raise on some ranks only is the harness's
+    ``RankFailure``, never a hang)."""
+    return rank_reports(world, ranks.run, impl, spec)
 
 
 def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec: Any) -> list[TPRun]:
@@ -89,16 +86,14 @@ def reports(world: WorldLike, impl: Implementation, model: str, sp: bool, **spec
         first = raised[0][1]
         where = label(model, sp, spec.get("dp", 1))
         raise failure(
-            f"{where}: the target raised {first['where']} on rank{'s' if len(raised) > 1 else ''} "
-            f"{', '.join(str(r) for r, _ in raised)} of {len(found)}: {first['error']}\n{first['traceback']}",
-            f"the plan fails at tensor-parallel size {first['tp']}: {first['error'].splitlines()[0]}",
+            f"{where}: the target raised {first.where} on rank{'s' if len(raised) > 1 else ''} "
+            f"{', '.join(str(r) for r, _ in raised)} of {len(found)}: {first.error}\n{first.traceback}",
+            f"the plan fails at tensor-parallel size {len(found) // spec.get('dp', 1)}: {first.error.splitlines()[0]}",
         )
     return [r for r in built if isinstance(r, TPRun)]
 
 
-def raised_and_runs(
-    found: list[TPRun | UnbuiltModel | dict[str, Any]], model: str
-) -> tuple[dict[int, dict[str, Any]], list[TPRun]]:
+def raised_and_runs(found: list[TPRun | UnbuiltModel | Raised], model: str) -> tuple[dict[int, Raised], list[TPRun]]:
     """The error reports of :func:`run_reports` by rank, and the runs of the other ranks, for a check that accepts
     a refusal; a model the suite's tiny config does not build is not applicable, as :func:`each_run` says."""
     raised, built = split_reports(found)

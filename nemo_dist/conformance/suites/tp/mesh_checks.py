@@ -52,7 +52,7 @@ def sequence_length_not_divisible_refused_or_correct(world: WorldLike, impl: Imp
             if raised:
                 assert len(raised) == len(found), (
                     f"{where}: refused on rank{'s' if len(raised) > 1 else ''} {raised} only "
-                    f"({errors[raised[0]]['error']}); the others went on"
+                    f"({errors[raised[0]].error}); the others went on"
                 )
                 continue
             for rank, report in enumerate(runs):
@@ -101,10 +101,10 @@ def indivisible_heads_refused_on_every_rank(world: WorldLike, impl: Implementati
         errors, runs = raised_and_runs(found, model)
         raised = list(errors)
         if len(raised) == len(found):
-            unclear = [rank for rank in raised if "head" not in errors[rank]["error"].lower()]
+            unclear = [rank for rank in raised if "head" not in errors[rank].error.lower()]
             assert not unclear, (
-                f"{where}: refused on every rank, but not naming the heads: {errors[unclear[0]]['error']} (raised "
-                f"{errors[unclear[0]]['where']})"
+                f"{where}: refused on every rank, but not naming the heads: {errors[unclear[0]].error} (raised "
+                f"{errors[unclear[0]].where})"
             )
             continue
         assert not raised, f"{where}: refused on ranks {raised} only; the others went on"
