@@ -130,8 +130,8 @@ def test_list_holding_x_itself_is_combined_outside_autograd_without_grad(
     inputs = [torch.full((2, 3), float(r + 1)) for r in range(size)]
     results = world_factory(size).run(ranks.forward, impl, inputs, "contiguous", no_grad=True, requires_grad=True)
     for result in results:
-        assert result["requires_grad"] is False
-        assert torch.equal(result["out"], torch.cat(inputs))
+        assert result.requires_grad is False
+        assert torch.equal(result.out, torch.cat(inputs))
 
 
 def test_list_holding_x_itself_conforms_on_core(world_factory: WorldFactory) -> None:

@@ -72,9 +72,9 @@ def test_half_precision_gather_moves_every_bit_pattern_exactly(
     expected = torch.cat(inputs)
     results = world.run(gather_ranks.forward, REFERENCE, inputs, "contiguous", no_grad=no_grad, requires_grad=False)
     for rank, result in enumerate(results):
-        assert result["out"].dtype == dtype, f"rank {rank}: output dtype {result['out'].dtype}, expected {dtype}"
-        assert gather_ranks.same_bits(result["out"], expected), f"rank {rank}: gathered bits differ from the inputs"
-        assert result["input_intact"], f"rank {rank}: the gather modified its input"
+        assert result.out.dtype == dtype, f"rank {rank}: output dtype {result.out.dtype}, expected {dtype}"
+        assert gather_ranks.same_bits(result.out, expected), f"rank {rank}: gathered bits differ from the inputs"
+        assert result.input_intact, f"rank {rank}: the gather modified its input"
 
 
 @pytest.mark.xdist_group(name="nemo_dist_nccl_w2")

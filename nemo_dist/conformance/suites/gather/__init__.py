@@ -23,6 +23,7 @@ from nemo_dist.conformance.engine.errors import MissingParameter, OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import Suite, register_suite
 from nemo_dist.conformance.suites.gather import checks, extended, ranks
+from nemo_dist.conformance.suites.gather.messages import FirstCall
 
 __all__ = ["checks", "detect_output_form", "extended", "missing_parameter"]
 
@@ -55,20 +56,20 @@ def detect_output_form(world: Any, impl: Implementation, notes: list[str]) -> Im
     """
     if impl.gather_fn is None:
         return impl
-    calls = warm_up(world, ranks.first_call, impl)
-    if calls and all(c["missing"] for c in calls):
-        raise missing_parameter(impl, calls[0]["missing"], calls[0]["error"].splitlines()[0])
-    if calls and all(c["cuda"] for c in calls):
+    calls: list[FirstCall] = warm_up(world, ranks.first_call, impl)
+    if calls and all(c.missing for c in calls):
+        raise missing_parameter(impl, calls[0].missing, calls[0].error.splitlines()[0])
+    if calls and all(c.cuda for c in calls):
         raise OptionError(
             f"{{opt:gather_fn}} {impl.gather_fn} needs CUDA: its first call on a CPU tensor failed on every rank "
-            f"at `{calls[0]['cuda']}`; run it on GPUs with {{opt:backend}} nccl (one GPU per rank)"
+            f"at `{calls[0].cuda}`; run it on GPUs with {{opt:backend}} nccl (one GPU per rank)"
         )
-    failed = [(rank, c["error"]) for rank, c in enumerate(calls) if c["error"]]
+    failed = [(rank, c.error) for rank, c in enumerate(calls) if c.error]
     if failed:
         rank, error = failed[0]
         notes.append(f"{gather_label(impl)}: its first call failed on rank {rank}: {error.splitlines()[0]}")
         return impl
-    forms = [c["form"] for c in calls]
+    forms = [c.form for c in calls]
     if impl.gather_form == "auto" and len(set(forms)) == 1 and forms[0]:
         notes.append(f"{gather_label(impl)}: output form {forms[0]!r}, detected from its first call")
         return impl.replaced(gather_form=forms[0])

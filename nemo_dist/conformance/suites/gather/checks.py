@@ -36,6 +36,7 @@ from nemo_dist.conformance.engine.explain import add_note
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, check
 from nemo_dist.conformance.suites.gather import diagnosis, ranks
+from nemo_dist.conformance.suites.gather.messages import Alone, AutogradParts, BackwardRun, Gathered, PrecisionRun
 from nemo_dist.conformance.suites.gather.oracle import expected_grads, upstream_for_loss
 from nemo_dist.conformance.suites.gather.precision import exact_grads, reduction_bound, worst_error
 from nemo_dist.conformance.suites.gather.properties import (
@@ -88,19 +89,21 @@ def _forward_property(world: WorldLike, impl: Implementation, *, no_grad: bool) 
             requires_grad = data.draw(st.booleans(), label="requires_grad")
         outputs: list[Any] = []
         with last.record(dtype=dtype, layout=layout, inputs=inputs, no_grad=no_grad, outputs=outputs):
-            results = world.run(ranks.forward, impl, inputs, layout, no_grad=no_grad, requires_grad=requires_grad)
-            outputs.extend(result["out"] for result in results)
+            results: list[Gathered] = world.run(
+                ranks.forward, impl, inputs, layout, no_grad=no_grad, requires_grad=requires_grad
+            )
+            outputs.extend(result.out for result in results)
             expected = torch.cat(inputs)
             for r, result in enumerate(results):
-                assert_same(result["out"], expected, f"rank {r}: {what}")
-                assert result["input_intact"], f"rank {r}: {gather} modified the caller's input in place"
+                assert_same(result.out, expected, f"rank {r}: {what}")
+                assert result.input_intact, f"rank {r}: {gather} modified the caller's input in place"
                 if not no_grad:
-                    assert result["requires_grad"] == requires_grad, (
-                        f"rank {r}: output requires_grad is {result['requires_grad']} for an input with "
+                    assert result.requires_grad == requires_grad, (
+                        f"rank {r}: output requires_grad is {result.requires_grad} for an input with "
                         f"requires_grad={requires_grad}"
                     )
                 elif world.size > 1:
-                    assert not result["requires_grad"], f"rank {r}: the no-grad gather's output requires grad"
+                    assert not result.requires_grad, f"rank {r}: the no-grad gather's output requires grad"
 
     diagnosed(prop, last, lambda example: diagnosis.forward_cause(world, impl, example))
 
@@ -144,11 +147,11 @@ def _assert_backward(
                "grad_layout": grad_layout, "loss": loss, "prefix": prefix}
     out_shape = (world.size * shape[0], *shape[1:])
     with last.record(**example):
-        results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
+        results: list[BackwardRun] = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
         expected = expected_grads(upstream_for_loss(grads, loss, prefix, out_shape, dtype), [shape[0]] * world.size)
         for r, result in enumerate(results):
             assert_same(
-                result["grad"],
+                result.grad,
                 expected[r],
                 f"rank {r}: gradient of x for loss {loss!r} (expected: the sum over ranks of their "
                 f"upstream gradient rows {r * shape[0]}..{(r + 1) * shape[0] - 1})",
@@ -244,11 +247,11 @@ def _assert_precision(
     dtype: torch.dtype,
     inputs: list[torch.Tensor],
     grads: list[torch.Tensor],
-    results: Sequence[dict[str, Any]],
+    results: Sequence[PrecisionRun],
 ) -> None:
     """Forward bit-exact, x.grad within :func:`reduction_bound` of the exact sum, for one dtype's random example."""
-    outputs = [result["out"] for result in results]
-    got = [result["grad"] for result in results]
+    outputs = [result.out for result in results]
+    got = [result.grad for result in results]
     example = {"shape": shape, "dtype": dtype, "layout": "contiguous", "inputs": inputs, "grads": grads,
                "grad_layout": "contiguous", "loss": "direct", "no_grad": False, "outputs": outputs, "got": got,
                "part": "forward"}
@@ -266,13 +269,14 @@ def _assert_precision(
             assert isinstance(grad, torch.Tensor), f"rank {r}: gradient {grad!r}, expected {wanted}"
             assert grad.dtype == dtype, f"rank {r}: gradient of dtype {grad.dtype}, expected {wanted}"
             assert grad.shape == exact[r].shape, f"rank {r}: gradient of shape {tuple(grad.shape)}, expected {wanted}"
-        if all(bool(((g.double() - e).abs() <= b).all()) for g, e, b in zip(got, exact, bounds, strict=True)):
+        tensors = [grad for grad in got if isinstance(grad, torch.Tensor)]  # every one, as just asserted
+        if all(bool(((g.double() - e).abs() <= b).all()) for g, e, b in zip(tensors, exact, bounds, strict=True)):
             return
-        r, error, bound = worst_error(got, exact, bounds)
+        r, error, bound = worst_error(tensors, exact, bounds)
         raise AssertionError(
             f"rank {r}: gradient of full-mantissa random {dtype} values off by more than the reduction bound "
             f"W * eps * sum|g| (error {error:.2g}, bound {bound:.2g})\n"
-            f"got\n{got[r]}\nexact sum (float64)\n{exact[r]}\nerror\n{(got[r].double() - exact[r]).abs()}\n"
+            f"got\n{tensors[r]}\nexact sum (float64)\n{exact[r]}\nerror\n{(tensors[r].double() - exact[r]).abs()}\n"
             f"bound\n{bounds[r]}"
         )
 
@@ -303,7 +307,7 @@ def float_grads_within_tolerance(world: WorldLike, impl: Implementation) -> None
                 ds.upstream_grads(world.size, out_shape, dtype, values="random"), label=f"{dtype} upstream grads"
             )
             examples.append((inputs, grads))
-        results = world.run(ranks.precision, impl, examples)
+        results: list[list[PrecisionRun]] = world.run(ranks.precision, impl, examples)
         for d, (dtype, (inputs, grads)) in enumerate(zip(ds.FLOAT_DTYPES, examples, strict=True)):
             _assert_precision(world, last, shape, dtype, inputs, grads, [per_rank[d] for per_rank in results])
 
@@ -319,13 +323,13 @@ def _assert_not_modified(
     grad_layout: str,
     loss: str,
 ) -> None:
-    results = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss)
+    results: list[BackwardRun] = world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss)
     for r, result in enumerate(results):
-        assert result["input_intact"], f"rank {r}: the caller's input was modified in place"
-        assert result["grad_intact"], f"rank {r}: the upstream gradient passed to out.backward(g) was modified in place"
-        if result["out_grad"] is not None:
+        assert result.input_intact, f"rank {r}: the caller's input was modified in place"
+        assert result.grad_intact, f"rank {r}: the upstream gradient passed to out.backward(g) was modified in place"
+        if result.out_grad is not None:
             assert_same(
-                result["out_grad"],
+                result.out_grad,
                 grads[r],
                 f"rank {r}: the gathered output's retained gradient (loss {loss!r}) after backward",
             )
@@ -380,10 +384,10 @@ def inputs_and_grads_not_modified(world: WorldLike, impl: Implementation) -> Non
     prop()
 
 
-def _check_nothing_to_gather(inputs: Sequence[torch.Tensor], result: dict[str, Any], where: str) -> None:
+def _check_nothing_to_gather(inputs: Sequence[torch.Tensor], result: Alone, where: str) -> None:
     x = inputs[0]
-    assert result["is_x"], f"{where}: all_gather_with_grad(x) did not return x itself"
-    assert_same(result["no_grad_out"], x, f"{where}: all_gather_no_grad(x)")
+    assert result.is_x, f"{where}: all_gather_with_grad(x) did not return x itself"
+    assert_same(result.no_grad_out, x, f"{where}: all_gather_no_grad(x)")
 
 
 def _alone_inputs(data: st.DataObject) -> tuple[list[torch.Tensor], str]:
@@ -434,13 +438,13 @@ def autograd_function_returns_rank_tuple(world: WorldLike, impl: Implementation)
         inputs = data.draw(ds.rank_tensors(world.size, shape, dtype), label="inputs")
         out_shape = (world.size * shape[0], *shape[1:])
         grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
-        results = world.run(ranks.autograd_function, impl, inputs, grads)
+        results: list[AutogradParts] = world.run(ranks.autograd_function, impl, inputs, grads)
         expected = expected_grads(grads, [shape[0]] * world.size)
         for r, result in enumerate(results):
-            parts = result["parts"]
+            parts = result.parts
             assert len(parts) == world.size, f"rank {r}: {len(parts)} tensors for {world.size} ranks"
             for i, part in enumerate(parts):
                 assert_same(part, inputs[i], f"rank {r}: _AllGatherWithGrad part {i}")
-            assert_same(result["grad"], expected[r], f"rank {r}: _AllGatherWithGrad gradient of x")
+            assert_same(result.grad, expected[r], f"rank {r}: _AllGatherWithGrad gradient of x")
 
     prop()

@@ -34,6 +34,7 @@ from nemo_dist.conformance.engine.deadlines import StepAborted
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike
 from nemo_dist.conformance.suites.gather import ranks as ranks
+from nemo_dist.conformance.suites.gather.messages import BackwardRun, Gathered
 from nemo_dist.conformance.suites.gather.oracle import expected_grads, offsets, upstream_for_loss
 from nemo_dist.conformance.suites.gather.precision import exact_grads, lower_precisions, reduction_bound, worst_error
 
@@ -100,8 +101,10 @@ def _run_backward(
     world: WorldLike, impl: Implementation, inputs: Sequence[torch.Tensor], layout: str,
     grads: Sequence[torch.Tensor], grad_layout: str, loss: str, prefix: int,
 ) -> list[Any] | None:
-    results = _attempt(lambda: world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix))
-    return None if results is None else [r["grad"] for r in results]
+    results: list[BackwardRun] | None = _attempt(
+        lambda: world.run(ranks.backward, impl, inputs, layout, grads, grad_layout, loss, prefix)
+    )
+    return None if results is None else [r.grad for r in results]
 
 
 def _formula(got: Sequence[Any], grads: Sequence[torch.Tensor], rows: Sequence[int]) -> str:
@@ -176,12 +179,12 @@ def forward_cause(world: WorldLike, impl: Implementation, example: dict[str, Any
         return ""
     shape = (2, 3)
     inputs = [torch.full(shape, 100.0 * (r + 1)) + torch.arange(shape[0]).reshape(-1, 1) for r in range(size)]
-    results = _attempt(
+    results: list[Gathered] | None = _attempt(
         lambda: world.run(ranks.forward, impl, inputs, "contiguous", no_grad=example["no_grad"], requires_grad=False)
     )
     if results is None:
         return ""
-    per_rank = [_row_sources(result["out"], inputs) for result in results]
+    per_rank = [_row_sources(result.out, inputs) for result in results]
     if size > 1 and all(sources == [q for q in range(size) if q != r] for r, sources in enumerate(per_rank)):
         return CAUSES["own_rows_missing"]
     sources = per_rank[0]

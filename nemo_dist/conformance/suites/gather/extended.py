@@ -21,6 +21,7 @@ from nemo_dist.conformance.engine.explain import add_note
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, check
 from nemo_dist.conformance.suites.gather import group_diagnosis, ranks
+from nemo_dist.conformance.suites.gather.messages import BothGathers, Gathered
 from nemo_dist.conformance.suites.gather.oracle import expected_grads
 from nemo_dist.conformance.suites.gather.properties import (
     LastFailure,
@@ -63,14 +64,14 @@ def uneven_gathers_rows_in_rank_order(world: WorldLike, impl: Implementation) ->
         inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, rows=rows), label="inputs")
         out_shape = (sum(rows), *shape[1:])
         grads = data.draw(ds.upstream_grads(world.size, out_shape, dtype), label="upstream grads")
-        results = world.run(ranks.uneven, impl, inputs, layout, grads)
+        results: list[BothGathers] = world.run(ranks.uneven, impl, inputs, layout, grads)
         expected_out = torch.cat(inputs)
         expected = expected_grads(grads, rows)
         for r, result in enumerate(results):
-            assert_same(result["out"], expected_out, f"rank {r}: all_gather_with_grad(uneven=True) output")
-            assert_same(result["no_grad_out"], expected_out, f"rank {r}: all_gather_no_grad(uneven=True) output")
-            assert not result["no_grad_rg"], f"rank {r}: all_gather_no_grad(uneven=True) output requires grad"
-            assert_same(result["grad"], expected[r], f"rank {r}: gradient of x with uneven=True (rows {rows})")
+            assert_same(result.out, expected_out, f"rank {r}: all_gather_with_grad(uneven=True) output")
+            assert_same(result.no_grad_out, expected_out, f"rank {r}: all_gather_no_grad(uneven=True) output")
+            assert not result.no_grad_requires_grad, f"rank {r}: all_gather_no_grad(uneven=True) output requires grad"
+            assert_same(result.grad, expected[r], f"rank {r}: gradient of x with uneven=True (rows {rows})")
 
     prop()
 
@@ -142,15 +143,15 @@ def _assert_grouped(
     rows = [t.shape[0] for t in inputs]
     shape, dtype = (max(rows), *inputs[0].shape[1:]), inputs[0].dtype
     with last.record(shape=shape, dtype=dtype, partition=[list(m) for m in partition]):
-        results = world.run(ranks.grouped, impl, inputs, grads, partition, uneven=uneven)
+        results: list[BothGathers] = world.run(ranks.grouped, impl, inputs, grads, partition, uneven=uneven)
         for members in partition:
             expected_out = torch.cat([inputs[m] for m in members])
             expected = expected_grads([grads[m] for m in members], [rows[m] for m in members])
             for position, r in enumerate(members):
                 where = f"rank {r} (group rank {position} of {list(members)}" + (f", rows {rows})" if uneven else ")")
-                assert_same(results[r]["out"], expected_out, f"{where}: gathered output")
-                assert_same(results[r]["no_grad_out"], expected_out, f"{where}: no-grad gathered output")
-                assert_same(results[r]["grad"], expected[position], f"{where}: gradient of x")
+                assert_same(results[r].out, expected_out, f"{where}: gathered output")
+                assert_same(results[r].no_grad_out, expected_out, f"{where}: no-grad gathered output")
+                assert_same(results[r].grad, expected[position], f"{where}: gradient of x")
 
 
 def _then_interleaved(
@@ -237,11 +238,13 @@ def uneven_no_grad_gathers_integers_and_bools(world: WorldLike, impl: Implementa
             rows = [*rows[:-1], rows[-1] + 1]  # rows that differ: the uneven path, not the equal-shape one
         layout = data.draw(ds.layouts(shape), label="layout")
         inputs = data.draw(ds.rank_tensors(world.size, shape, dtype, rows=rows), label="inputs")
-        results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=False, uneven=True)
+        results: list[Gathered] = world.run(
+            ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=False, uneven=True
+        )
         expected = torch.cat(inputs)
         for r, result in enumerate(results):
-            assert_same(result["out"], expected, f"rank {r}: all_gather_no_grad(uneven=True) of {dtype} (rows {rows})")
-            assert result["input_intact"], f"rank {r}: the no-grad gather modified the caller's input in place"
+            assert_same(result.out, expected, f"rank {r}: all_gather_no_grad(uneven=True) of {dtype} (rows {rows})")
+            assert result.input_intact, f"rank {r}: the no-grad gather modified the caller's input in place"
 
     prop()
 
@@ -253,9 +256,9 @@ def no_grad_never_requires_grad(world: WorldLike, impl: Implementation) -> None:
     @given(data=st.data())
     def prop(data: st.DataObject) -> None:
         _, _, layout, inputs = draw_laid_out_inputs(data, world, ds.float_dtypes())
-        results = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=True)
+        results: list[Gathered] = world.run(ranks.forward, impl, inputs, layout, no_grad=True, requires_grad=True)
         for r, result in enumerate(results):
-            assert not result["requires_grad"], (
+            assert not result.requires_grad, (
                 f"rank {r} of {world.size}: the no-grad gather of an x that requires grad requires grad "
                 + ("(x itself returned?)" if world.size == 1 else "")
             )

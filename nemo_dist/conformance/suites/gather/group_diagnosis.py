@@ -41,6 +41,7 @@ from nemo_dist.conformance.suites.gather.diagnosis import (
     _row_sources,
     _run_backward,
 )
+from nemo_dist.conformance.suites.gather.messages import BothGathers, Gathered, GroupGathered
 from nemo_dist.conformance.suites.gather.oracle import expected_grads
 
 __all__ = ["group_cause", "uneven_group_cause"]
@@ -129,16 +130,17 @@ def _rows_cause(world: WorldLike, impl: Implementation, partition: Sequence[Sequ
     """
     size = world.size
     inputs = [torch.full((2, 3), 100.0 * (r + 1)) + torch.arange(2.0).reshape(-1, 1) for r in range(size)]
-    whole = _attempt(
+    whole: list[Gathered] | None = _attempt(
         lambda: world.run(ranks.forward, impl, inputs, "contiguous", no_grad=False, requires_grad=True)
     )
-    if whole is None or any(_row_sources(result["out"], inputs) != list(range(size)) for result in whole):
+    if whole is None or any(_row_sources(result.out, inputs) != list(range(size)) for result in whole):
         return ""
     run = _partial(world, ranks.grouped_forward, impl, inputs, partition)
     if run is None:
         return ""
     returned, failures = run
-    sources = {r: _row_sources(result["out"], inputs) for r, result in returned.items()}
+    gathered: dict[int, GroupGathered] = returned
+    sources = {r: _row_sources(result.out, inputs) for r, result in gathered.items()}
     group_of = {r: list(members) for members in partition for r in members}
     wrong = {r: s for r, s in sources.items() if s is not None and s != group_of[r]}
     if not wrong and not failures:
@@ -230,7 +232,8 @@ def _group_run(
     if run is None:
         return None
     returned, failures = run
-    return grads, {r: result["grad"] for r, result in returned.items()}, failures
+    ran: dict[int, BothGathers] = returned
+    return grads, {r: result.grad for r, result in ran.items()}, failures
 
 
 def _follows(

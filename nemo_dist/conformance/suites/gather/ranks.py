@@ -5,8 +5,9 @@ CPU tensors indexed by rank, layout names, loss names), calls the gather under
 test through its :class:`~nemo_dist.conformance.suites.gather.target.GatherTarget`
 (a dist_utils module or one callable, its output turned into the
 concatenation), works on the rank's device (the current CUDA device under
-NCCL, else CPU) and returns CPU tensors or small dicts, so the parent asserts
-and hypothesis shrinks there. Functions that expect an error catch it and
+NCCL, else CPU) and returns CPU tensors or the dataclasses of
+:mod:`~nemo_dist.conformance.suites.gather.messages`, so the parent asserts and
+hypothesis shrinks there. Functions that expect an error catch it and
 return ``(type name, message)`` so that the world stays healthy.
 """
 
@@ -21,6 +22,16 @@ import torch.distributed as dist
 from nemo_dist.conformance.adapters import signature
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.needs_gpu import gpu_need
+from nemo_dist.conformance.suites.gather.messages import (
+    Alone,
+    AutogradParts,
+    BackwardRun,
+    BothGathers,
+    FirstCall,
+    Gathered,
+    GroupGathered,
+    PrecisionRun,
+)
 from nemo_dist.conformance.suites.gather.target import describe, target
 from nemo_dist.testing.strategies import apply_layout
 
@@ -92,8 +103,8 @@ def _group(partition: Sequence[Sequence[int]]) -> Any:
     return mine
 
 
-def first_call(impl: Implementation) -> dict[str, str]:
-    """What a first call of ``impl``'s gather callable on this rank gave, as text.
+def first_call(impl: Implementation) -> FirstCall:
+    """What a first call of ``impl``'s gather callable on this rank gave, as text (:class:`FirstCall`).
 
     The call gathers a small (2, 3) float tensor. Keys: ``form`` (the form
     of its gathered value: "cat", "tuple" or "stacked"), ``missing`` (the
@@ -105,18 +116,17 @@ def first_call(impl: Implementation) -> dict[str, str]:
     raising line ``assert x.is_cuda``); each empty when it does not apply,
     all empty when no callable is checked.
     """
-    found = {"form": "", "missing": "", "error": "", "cuda": ""}
     if impl.gather_fn is None:
-        return found
+        return FirstCall()
     x = torch.arange(6, dtype=torch.float32, device=_device()).reshape(2, 3) + 10 * _rank()
     try:
-        found["form"] = target(impl).first_call(x)
+        return FirstCall(form=target(impl).first_call(x))
     except Exception as exc:
-        found["missing"] = ",".join(signature.missing_in(exc))
-        found["error"] = f"{type(exc).__name__}: {str(exc).strip()}"
-        if x.device.type != "cuda":
-            found["cuda"] = gpu_need(exc)
-    return found
+        return FirstCall(
+            missing=",".join(signature.missing_in(exc)),
+            error=f"{type(exc).__name__}: {str(exc).strip()}",
+            cuda=gpu_need(exc) if x.device.type != "cuda" else "",
+        )
 
 
 def forward(
@@ -127,7 +137,7 @@ def forward(
     no_grad: bool,
     requires_grad: bool,
     uneven: bool = False,
-) -> dict[str, Any]:
+) -> Gathered:
     """Gather this rank's input (in ``layout``) with the target, with or without grad (and ``uneven=True``).
 
     Returns the output (as the concatenation), its ``requires_grad`` and
@@ -136,7 +146,7 @@ def forward(
     x = _input(inputs[_rank()], layout, requires_grad)
     before = x.detach().clone()
     out = target(impl).gather(x, no_grad=no_grad, uneven=uneven)
-    return {"out": _cpu(out), "requires_grad": out.requires_grad, "input_intact": same_bits(x.detach(), before)}
+    return Gathered(out=_cpu(out), requires_grad=out.requires_grad, input_intact=same_bits(x.detach(), before))
 
 
 def backward(
@@ -147,7 +157,7 @@ def backward(
     grad_layout: str,
     loss: str,
     prefix: int = 0,
-) -> dict[str, Any]:
+) -> BackwardRun:
     """Gather with grad, run ``loss`` (one of :data:`LOSSES`) backward; return ``x.grad``.
 
     ``g`` is this rank's upstream gradient in ``grad_layout``. Losses: "direct"
@@ -175,17 +185,17 @@ def backward(
         (out[:prefix] * g[:prefix]).sum().backward()
     else:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
-    return {
-        "grad": _cpu(x.grad),
-        "input_intact": same_bits(x.detach(), x_before),
-        "grad_intact": same_bits(g, g_before),
-        "out_grad": None if out.is_leaf else _cpu(out.grad),
-    }
+    return BackwardRun(
+        grad=_cpu(x.grad),
+        input_intact=same_bits(x.detach(), x_before),
+        grad_intact=same_bits(g, g_before),
+        out_grad=None if out.is_leaf else _cpu(out.grad),
+    )
 
 
 def precision(
     impl: Implementation, examples: Sequence[tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]]
-) -> list[dict[str, Any]]:
+) -> list[PrecisionRun]:
     """For each ``(inputs, grads)`` of ``examples`` (one per dtype): gather with grad, run ``out.backward(g)``.
 
     Returns, per example, the output (as the concatenation) and ``x.grad``:
@@ -196,13 +206,13 @@ def precision(
         x = _input(inputs[_rank()], "contiguous", True)
         out = target(impl).gather(x)
         out.backward(grads[_rank()].to(_device()))
-        results.append({"out": _cpu(out), "grad": _cpu(x.grad)})
+        results.append(PrecisionRun(out=_cpu(out), grad=_cpu(x.grad)))
     return results
 
 
 def autograd_function(
     impl: Implementation, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
-) -> dict[str, Any]:
+) -> AutogradParts:
     """Apply the module's ``_AllGatherWithGrad``; backward of ``sum_i (parts[i] * g_i).sum()``.
 
     ``g_i`` are the rows of this rank's upstream gradient for slice i. Returns
@@ -215,12 +225,10 @@ def autograd_function(
     n = x.shape[0]
     loss = sum(((part * g[i * n : (i + 1) * n]).sum() for i, part in enumerate(parts)), x.new_zeros(()))
     loss.backward()
-    return {"parts": [_cpu(part) for part in parts], "grad": _cpu(x.grad)}
+    return AutogradParts(parts=[_cpu(part) for part in parts], grad=_cpu(x.grad))
 
 
-def _with_and_without_grad(
-    x: torch.Tensor, g: torch.Tensor, gather: Any, **kwargs: Any
-) -> dict[str, Any]:
+def _with_and_without_grad(x: torch.Tensor, g: torch.Tensor, gather: Any, **kwargs: Any) -> BothGathers:
     """Gather with grad and run ``out.backward(g)``, then gather without grad; return both.
 
     The no-grad gather runs even when the first part raised, and the error is
@@ -239,12 +247,14 @@ def _with_and_without_grad(
     if error is not None:
         raise error
     assert out is not None
-    return {"out": _cpu(out), "grad": _cpu(x.grad), "no_grad_out": _cpu(plain), "no_grad_rg": plain.requires_grad}
+    return BothGathers(
+        out=_cpu(out), grad=_cpu(x.grad), no_grad_out=_cpu(plain), no_grad_requires_grad=plain.requires_grad
+    )
 
 
 def uneven(
     impl: Implementation, inputs: Sequence[torch.Tensor], layout: str, grads: Sequence[torch.Tensor]
-) -> dict[str, Any]:
+) -> BothGathers:
     """Gather with ``uneven=True`` (with and without grad) and run ``out.backward(g)``."""
     x = _input(inputs[_rank()], layout, True)
     return _with_and_without_grad(x, grads[_rank()].to(_device()), target(impl), uneven=True)
@@ -257,7 +267,7 @@ def grouped(
     partition: Sequence[Sequence[int]],
     *,
     uneven: bool = False,
-) -> dict[str, Any]:
+) -> BothGathers:
     """Gather over this rank's group of ``partition`` (``group=``; ``uneven=True`` too), then ``out.backward(g)``."""
     group = _group(partition)
     x = _input(inputs[_rank()], "contiguous", True)
@@ -267,7 +277,7 @@ def grouped(
 
 def grouped_forward(
     impl: Implementation, inputs: Sequence[torch.Tensor], partition: Sequence[Sequence[int]]
-) -> dict[str, Any]:
+) -> GroupGathered:
     """Gather (with grad, of an ``x`` that requires grad) over this rank's group of ``partition``; no backward.
 
     Returns the output (as the concatenation): the rows each member gathered,
@@ -275,10 +285,10 @@ def grouped_forward(
     """
     group = _group(partition)
     x = _input(inputs[_rank()], "contiguous", True)
-    return {"out": _cpu(target(impl).gather(x, group=group))}
+    return GroupGathered(out=_cpu(target(impl).gather(x, group=group)))
 
 
-def alone(impl: Implementation, inputs: Sequence[torch.Tensor], layout: str) -> dict[str, Any]:
+def alone(impl: Implementation, inputs: Sequence[torch.Tensor], layout: str) -> Alone:
     """Gather in a world of one rank or with no process group: is the output ``x`` itself?
 
     Runs on a rank or directly in a process without a process group.
@@ -287,11 +297,7 @@ def alone(impl: Implementation, inputs: Sequence[torch.Tensor], layout: str) -> 
     x = _input(inputs[_rank()], layout, inputs[_rank()].dtype.is_floating_point)
     out = gather.all_gather_with_grad(x)
     plain = gather.all_gather_no_grad(x)
-    return {
-        "is_x": out is x,
-        "no_grad_out": _cpu(plain),
-        "no_grad_rg": plain.requires_grad,
-    }
+    return Alone(is_x=out is x, no_grad_out=_cpu(plain), no_grad_requires_grad=plain.requires_grad)
 
 
 def raises(
