@@ -21,14 +21,15 @@ from nemo_dist.conformance.suites.ddp.checkpoint_rules import (
     raise_unobserved,
     saves_a_matmul,
 )
+from nemo_dist.conformance.suites.ddp.messages import BlockRun, OpCounts
 
 WHERE = "language.0"
 
 
-def _run(again: tuple[int, int], ops: tuple[tuple[int, int], tuple[int, int]] | None, forward: int = 1) -> Any:
+def _run(again: tuple[int, int], ops: tuple[tuple[int, int], tuple[int, int]] | None, forward: int = 1) -> BlockRun:
     """A block run: attn and mlp each ran ``forward`` times forward and ``again`` times in backward."""
     calls = {"attn": (forward, again[0]), "mlp": (forward, again[1])}
-    return {"calls": calls, "ops": None if ops is None else {"matmuls": ops[0], "others": ops[1]}}
+    return BlockRun(calls=calls, ops=None if ops is None else OpCounts(matmuls=ops[0], others=ops[1]))
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from nemo_dist.conformance.suites.ddp.checkpoint_rules import judge_block
+from nemo_dist.conformance.suites.ddp.messages import OpCounts
 from nemo_dist.conformance.suites.ddp.models import _MultimodalModel, multimodal_blocks
 from nemo_dist.conformance.suites.ddp.op_ranks import counted_parts, observe_blocks
 from nemo_dist.conformance.suites.fsdp2.models import blocks as lm_blocks
@@ -67,8 +68,8 @@ def test_every_forward_op_of_a_block_is_counted_with_the_policy_active(build: An
     selected ones keep the contract in backward."""
     runs, selected = build(policy, mode)
     for name, run in runs.items():
-        assert {k: forward for k, (forward, _) in run["calls"].items()} == {"attn": 1, "mlp": 1}, name
-        assert {kind: forward for kind, (forward, _) in run["ops"].items()} == FORWARD, (name, run)
+        assert {k: forward for k, (forward, _) in run.calls.items()} == {"attn": 1, "mlp": 1}, name
+        assert {"matmuls": run.ops.matmuls[0], "others": run.ops.others[0]} == FORWARD, (name, run)
         assert judge_block(mode, name in selected, name, run) is None
 
 
@@ -78,6 +79,6 @@ def test_a_fork_hiding_its_ops_is_seen_running_and_counted_at_nothing() -> None:
     assert selected
     for name in selected:
         run = runs[name]
-        assert {k: forward for k, (forward, _) in run["calls"].items()} == {"attn": 1, "mlp": 1}
-        assert run["ops"] == {"matmuls": (0, 0), "others": (0, 0)}
+        assert {k: forward for k, (forward, _) in run.calls.items()} == {"attn": 1, "mlp": 1}
+        assert run.ops == OpCounts(matmuls=(0, 0), others=(0, 0))
         assert "could not be observed" in (judge_block("selective", True, name, run) or "")

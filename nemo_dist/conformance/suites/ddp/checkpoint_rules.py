@@ -2,10 +2,10 @@
 
 The ddp suite's hand-made model, the real ``transformers`` models and the
 FSDP2 suite's language model each observe a block on the rank as a
-*block run*::
+*block run* (:class:`~nemo_dist.conformance.suites.ddp.messages.BlockRun`)::
 
-    {"calls": {"attn": (forward runs, runs in backward), "mlp": (...)},
-     "ops": {"matmuls": (in forward, in backward), "others": (in forward, in backward)} or None}
+    BlockRun(calls={"attn": (forward runs, runs in backward), "mlp": (...)},
+             ops=OpCounts(matmuls=(in forward, in backward), others=(in forward, in backward)) or None)
 
 ``calls`` counts the ``forward`` of each counted sub-module (as the model was
 built, before the implementation wrapped it); ``ops`` counts, through a
@@ -42,9 +42,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from nemo_dist.conformance.engine.errors import NotApplicable
+from nemo_dist.conformance.suites.ddp.messages import BlockRun
 
 __all__ = [
     "CAUSES",
@@ -119,7 +119,7 @@ def _unseen(where: str, calls: dict[str, tuple[int, int]], what: str) -> str:
     )
 
 
-def judge_block(mode: bool | str, selected: bool, where: str, run: dict[str, Any]) -> str | None:
+def judge_block(mode: bool | str, selected: bool, where: str, run: BlockRun) -> str | None:
     """Assert block run ``run`` keeps the contract of ``mode`` (:mod:`this module <.checkpoint_rules>`).
 
     ``selected``: whether the mode and scope select the block; ``where``
@@ -127,7 +127,7 @@ def judge_block(mode: bool | str, selected: bool, where: str, run: dict[str, Any
     cause; returns why a rule could not be judged (what was not observed), or
     None when every rule was.
     """
-    calls: dict[str, tuple[int, int]] = run["calls"]
+    calls = run.calls
     unrun = _unrun(where, calls)
     if unrun:
         return unrun
@@ -138,10 +138,10 @@ def judge_block(mode: bool | str, selected: bool, where: str, run: dict[str, Any
         )
     if not selected and max(again) > 0:
         raise CheckpointingFailure(f"{where} ran {_ran(calls)} during backward; expected no recompute", "wrong_block")
-    ops = run.get("ops")
+    ops = run.ops
     if ops is None:
         return None
-    (fm, am), (fo, ao) = ops["matmuls"], ops["others"]
+    (fm, am), (fo, ao) = ops.matmuls, ops.others
     if not selected:
         if am + ao:
             raise CheckpointingFailure(
@@ -184,17 +184,19 @@ def judge_block(mode: bool | str, selected: bool, where: str, run: dict[str, Any
     return None
 
 
-def saves_a_matmul(where: str, run: dict[str, Any]) -> str | None:
+def saves_a_matmul(where: str, run: BlockRun) -> str | None:
     """Assert a block selective checkpointing selected runs fewer matmuls again than forward (it saves one).
 
     Returns why it could not be judged (no call or matmul observed in forward), or None.
     """
-    unrun = _unrun(where, run["calls"])
+    unrun = _unrun(where, run.calls)
     if unrun:
         return unrun
-    fm, am = run["ops"]["matmuls"]
+    if run.ops is None:
+        raise TypeError(f"{where}: a block run without its ops counted (saves_a_matmul reads its matmuls)")
+    fm, am = run.ops.matmuls
     if fm == 0:
-        return _unseen(where, run["calls"], "matmuls")
+        return _unseen(where, run.calls, "matmuls")
     if am >= fm:
         raise CheckpointingFailure(
             f"{where} ran {am} of its {fm} matmuls again during backward; expected fewer (a matmul output saved)",

@@ -29,7 +29,7 @@ run under bf16 autocast, whose tolerance covers either device.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from hypothesis import example, given, settings
@@ -47,8 +47,20 @@ from nemo_dist.conformance.suites.ddp.expectations import (
     TOLERANCE_TIGHT,
     assert_autocast_grads,
     assert_close_lists,
+    assert_device_placement,
     assert_ranks_identical,
     tolerance_for,
+)
+from nemo_dist.conformance.suites.ddp.messages import (
+    AutocastOps,
+    BucketLayout,
+    BufferSync,
+    ConfigRun,
+    ContrastiveRun,
+    ManagerAttributes,
+    Placement,
+    StaticRun,
+    UnusedParameter,
 )
 from nemo_dist.conformance.suites.ddp.ops import require_seen
 
@@ -94,7 +106,7 @@ _BASIC_CONFIGS: list[dict[str, Any]] = [
 ]
 
 
-def _not_a_ddp(world: WorldLike, returned: str, what: str, impl: Implementation) -> None:
+def _not_a_ddp(world: WorldLike, returned: str, what: str, impl: Implementation) -> NoReturn:
     """Raise: not applicable in a world of one (upstream returns the model there) or for a wrapper, else a failure."""
     if impl.ddp_wrapper is not None:
         raise ChosenByCode(
@@ -109,28 +121,6 @@ def _not_a_ddp(world: WorldLike, returned: str, what: str, impl: Implementation)
     raise AssertionError(
         f"the entry point returned {returned}, not DistributedDataParallel, in a world of {world.size}"
     )
-
-
-def _assert_device_placement(got: dict[str, Any], rank: int, what: str) -> None:
-    """NCCL with CUDA: parameters on ``cuda:(rank % count)``, made current, DDP ``device_ids == [index]``; else CPU."""
-    if "nccl" in got["backend"] and got["cuda_count"] > 0:
-        index = rank % got["cuda_count"]
-        device = f"cuda:{index}"
-        where = f"{what}: on NCCL with {got['cuda_count']} GPU(s)"
-        assert got["current_device"] == index, (
-            f"{where}, the current CUDA device afterwards is {got['current_device']}, expected {index} "
-            "(the entry point must call torch.cuda.set_device)"
-        )
-        assert got["param_devices"] == [device], f"{where}, parameters on {got['param_devices']}, expected {device}"
-        if got["is_ddp"]:
-            assert got["device_ids"] == [index], (
-                f"{where}, DDP device_ids is {got['device_ids']!r} (as indices), expected [{index}]"
-            )
-        return
-    where = f"{what}: on {got['backend']}"
-    assert got["param_devices"] == ["cpu"], f"{where}, parameters on {got['param_devices']}, expected cpu"
-    if got["is_ddp"]:
-        assert got["device_ids"] is None, f"{where}, DDP device_ids is {got['device_ids']!r}, expected None on CPU"
 
 
 @check("ddp.requires_process_group", tier="core", component="ddp", needs_world=False)
@@ -154,45 +144,48 @@ def requires_process_group(world: None, impl: Implementation) -> None:
 def manager_attributes(world: WorldLike, impl: Implementation) -> None:
     """DDPManager sets rank, world_size and device (its GPU under NCCL) and mirrors every config field."""
     for config in _BASIC_CONFIGS:
-        for rank, got in enumerate(world.run(ranks.manager_attributes, impl, config)):
-            assert got["rank"] == (rank, rank), (
-                f"config {config}: manager.rank, dist rank = {got['rank']}, expected {rank}"
+        results: list[ManagerAttributes] = world.run(ranks.manager_attributes, impl, config)
+        for rank, got in enumerate(results):
+            assert got.rank == (rank, rank), (
+                f"config {config}: manager.rank, dist rank = {got.rank}, expected {rank}"
             )
-            assert got["world_size"] == (world.size, world.size), (
-                f"config {config}: manager.world_size, dist world size = {got['world_size']}, expected {world.size}"
+            assert got.world_size == (world.size, world.size), (
+                f"config {config}: manager.world_size, dist world size = {got.world_size}, expected {world.size}"
             )
-            for field, (mirrored, configured) in got["mirrored"].items():
+            for field, (mirrored, configured) in got.mirrored.items():
                 assert mirrored == configured, (
                     f"config {config}: manager.{field} is {mirrored!r}, the config's {field} is {configured!r}"
                 )
-            cuda = got["current_device"] is not None
-            expected = f"cuda:{got['current_device']}" if cuda else "cpu"
-            assert got["device"] == expected, f"config {config}: manager.device is {got['device']}, expected {expected}"
+            cuda = got.current_device is not None
+            expected = f"cuda:{got.current_device}" if cuda else "cpu"
+            assert got.device == expected, f"config {config}: manager.device is {got.device}, expected {expected}"
 
 
 @check("ddp.parallelize_wraps_and_places", tier="core", component="ddp")
 def parallelize_wraps_and_places(world: WorldLike, impl: Implementation) -> None:
     """The entry point returns DDP over the model (or, in a world of one, may return the model) on the rank's device."""
     for config in _BASIC_CONFIGS:
-        for rank, got in enumerate(world.run(ranks.placement, impl, config)):
+        results: list[Placement] = world.run(ranks.placement, impl, config)
+        for rank, got in enumerate(results):
             what = f"config {config}, rank {rank}"
-            if world.size > 1 or not got["is_model"]:
-                assert got["is_ddp"], f"{what}: the entry point returned {got['returned']}, not DistributedDataParallel"
-                assert got["module_is_model"], f"{what}: the DDP's .module is not the model passed in"
-            _assert_device_placement(got, rank, what)
+            if world.size > 1 or not got.is_model:
+                assert got.is_ddp, f"{what}: the entry point returned {got.returned}, not DistributedDataParallel"
+                assert got.module_is_model, f"{what}: the DDP's .module is not the model passed in"
+            assert_device_placement(got, rank, what)
 
 
 @check("ddp.world_of_one_wrapped_in_ddp", tier="extended", component="ddp", max_world=1)
 def world_of_one_wrapped_in_ddp(world: WorldLike, impl: Implementation) -> None:
     """In a world of one rank the model is still wrapped in DDP, and its dtype is left as it is."""
     for config in _BASIC_CONFIGS:
+        got: Placement
         (got,) = world.run(ranks.placement, impl, config)
-        assert got["is_ddp"], (
-            f"config {config}: in a world of one the entry point returned {got['returned']}, "
+        assert got.is_ddp, (
+            f"config {config}: in a world of one the entry point returned {got.returned}, "
             "not DistributedDataParallel"
         )
-        assert got["param_dtypes"] == ["torch.float64"], (
-            f"config {config}: a float64 model came back with parameters of {got['param_dtypes']}"
+        assert got.param_dtypes == ["torch.float64"], (
+            f"config {config}: a float64 model came back with parameters of {got.param_dtypes}"
         )
 
 
@@ -201,17 +194,18 @@ def broadcast_buffers(world: WorldLike, impl: Implementation) -> None:
     """broadcast_buffers=True gives every rank rank 0's buffers; False leaves them rank-local, also at construction."""
     dim = 8
     for enabled in (True, False):
-        for rank, got in enumerate(world.run(ranks.buffer_sync, impl, enabled)):
+        results: list[BufferSync] = world.run(ranks.buffer_sync, impl, enabled)
+        for rank, got in enumerate(results):
             source = 0 if enabled else rank
-            expected = {
-                "after_init": [float(source)] * dim,
-                "forward1": [float(source)] * dim,
-                "forward2": [float(source + 10)] * dim,
-            }
-            for stage, value in expected.items():
-                assert got[stage] == value, (
+            expected = [
+                ("after_init", got.after_init, [float(source)] * dim),
+                ("forward1", got.forward1, [float(source)] * dim),
+                ("forward2", got.forward2, [float(source + 10)] * dim),
+            ]
+            for stage, seen, value in expected:
+                assert seen == value, (
                     f"broadcast_buffers={enabled}: rank {rank}'s buffer {stage.replace('_', ' ')} is "
-                    f"{got[stage][0]:g}, expected {value[0]:g} ("
+                    f"{seen[0]:g}, expected {value[0]:g} ("
                     + ("rank 0's buffer" if enabled else "its own buffer: no sync at construction or forward")
                     + ")"
                 )
@@ -228,20 +222,21 @@ def _bucket_cap(step: int) -> float:
 
 
 def _assert_torch_layout(world: WorldLike, impl: Implementation, cap: float | None) -> None:
-    for rank, layouts in enumerate(world.run(ranks.bucket_layouts, impl, [cap], 2)):
+    results: list[dict[str, BucketLayout] | NotDDP] = world.run(ranks.bucket_layouts, impl, [cap], 2)
+    for rank, layouts in enumerate(results):
         if isinstance(layouts, NotDDP):
             _not_a_ddp(world, layouts.returned, "compare buckets of", impl)
         found = layouts[repr(cap)]
-        got, expected = found["got"], found["torch"]
+        got, expected = found.got, found.torch_ddp
         torch_ddp = "torch's DistributedDataParallel" + ("" if cap is None else f"(bucket_cap_mb={cap})")
         assert got == expected, (
             f"bucket_cap_mb={cap}: rank {rank}'s DDP gave {len(got)} bucket(s), {torch_ddp} gives "
             f"{len(expected)} on the same model (24 float64 parameters of 2 KiB); is the cap forwarded to DDP, "
             f"in MiB? Parameter indices by bucket on step 2: {got}, torch's: {expected}"
         )
-        assert found["got_cap_bytes"] == found["torch_cap_bytes"], (
-            f"bucket_cap_mb={cap}: rank {rank}'s DDP has a bucket cap of {found['got_cap_bytes']} bytes, {torch_ddp} "
-            f"has {found['torch_cap_bytes']}"
+        assert found.got_cap_bytes == found.torch_cap_bytes, (
+            f"bucket_cap_mb={cap}: rank {rank}'s DDP has a bucket cap of {found.got_cap_bytes} bytes, {torch_ddp} "
+            f"has {found.torch_cap_bytes}"
             + (" (torch's default)" if cap is None else "")
             + "; is the cap forwarded to DDP as given, in MiB?"
         )
@@ -267,26 +262,28 @@ def bucket_cap_mb(world: WorldLike, impl: Implementation) -> None:
 @check("ddp.find_unused_parameters", tier="core", component="ddp")
 def find_unused_parameters(world: WorldLike, impl: Implementation) -> None:
     """A skipped parameter trains as torch's DDP trains it with find_unused_parameters=True, and raises with False."""
-    tolerated = world.run(ranks.unused_parameter, impl, True)
-    for got in tolerated:
+    results: list[UnusedParameter | NotDDP] = world.run(ranks.unused_parameter, impl, True)
+    for got in results:
         if isinstance(got, NotDDP):
             _not_a_ddp(world, got.returned, "raise or tolerate an unused parameter", impl)
-    for rank, got in enumerate(tolerated):
-        assert got["error"] is None, f"find_unused_parameters=True: rank {rank} raised: {got['error']}"
+    tolerated = [got for got in results if not isinstance(got, NotDDP)]  # every one: _not_a_ddp raised otherwise
+    for rank, ran in enumerate(tolerated):
+        assert ran.error is None, f"find_unused_parameters=True: rank {rank} raised: {ran.error}"
         assert_close_lists(
-            got["params"],
-            got["torch"]["params"],
+            ran.params,
+            ran.torch_ddp.params,
             f"find_unused_parameters=True, rank {rank}: parameters vs torch's DDP with the same flag",
             TOLERANCE_TIGHT,
         )
-    assert_ranks_identical([got["params"] for got in tolerated], "find_unused_parameters=True")
-    for rank, got in enumerate(world.run(ranks.unused_parameter, impl, False)):
-        assert got["error"] is not None, (
+    assert_ranks_identical([ran.params for ran in tolerated], "find_unused_parameters=True")
+    refused: list[UnusedParameter] = world.run(ranks.unused_parameter, impl, False)
+    for rank, ran in enumerate(refused):
+        assert ran.error is not None, (
             f"find_unused_parameters=False: rank {rank} trained two iterations with an unused parameter; "
             "DDP should have raised (is the flag forwarded?)"
         )
-        assert "unused" in got["error"] or "finished reduction" in got["error"], (
-            f"find_unused_parameters=False: rank {rank} raised something else: {got['error'][:300]}"
+        assert "unused" in ran.error or "finished reduction" in ran.error, (
+            f"find_unused_parameters=False: rank {rank} raised something else: {ran.error[:300]}"
         )
 
 
@@ -308,27 +305,28 @@ def gradient_as_bucket_view(world: WorldLike, impl: Implementation) -> None:
 def static_graph(world: WorldLike, impl: Implementation) -> None:
     """static_graph=True is recorded by DDP (False by default), accepts checkpointing and an unused parameter."""
     global_x = _global_batch(11, 2 * world.size)
-    results = world.run(training.static_graph_training, impl, global_x, 3)
+    results: list[dict[str, StaticRun] | NotDDP] = world.run(training.static_graph_training, impl, global_x, 3)
     for runs in results:
         if isinstance(runs, NotDDP):
             _not_a_ddp(world, runs.returned, "record static_graph", impl)
-    for rank, runs in enumerate(results):
-        for setting, run in runs.items():
-            assert run["static_graph"] is True, (
-                f"{setting}: the DDP object's static_graph is {run['static_graph']!r} on rank {rank}, expected True"
+    ranks_runs = [runs for runs in results if not isinstance(runs, NotDDP)]  # every one: _not_a_ddp raised otherwise
+    for rank, by_setting in enumerate(ranks_runs):
+        for setting, run in by_setting.items():
+            assert run.static_graph is True, (
+                f"{setting}: the DDP object's static_graph is {run.static_graph!r} on rank {rank}, expected True"
             )
-            assert run["default_static_graph"] is False, (
+            assert run.default_static_graph is False, (
                 f"{setting}: with static_graph=False the DDP object's static_graph is "
-                f"{run['default_static_graph']!r} on rank {rank}, expected False"
+                f"{run.default_static_graph!r} on rank {rank}, expected False"
             )
-            assert run["error"] is None, (
-                f"{setting}: training with static_graph=True raised on rank {rank}: {run['error'][:300]}"
+            assert run.error is None, (
+                f"{setting}: training with static_graph=True raised on rank {rank}: {run.error[:300]}"
             )
             assert_close_lists(
-                run["static"], run["dynamic"], f"{setting}, rank {rank}: static vs dynamic graph", TOLERANCE_TIGHT
+                run.static, run.dynamic, f"{setting}, rank {rank}: static vs dynamic graph", TOLERANCE_TIGHT
             )
-    for setting in results[0]:
-        assert_ranks_identical([runs[setting]["static"] for runs in results], f"static_graph ({setting})")
+    for setting in ranks_runs[0]:
+        assert_ranks_identical([runs[setting].static for runs in ranks_runs], f"static_graph ({setting})")
 
 
 @check("ddp.activation_checkpointing_full", tier="core", component="ddp", sampled=True)
@@ -365,29 +363,31 @@ def autocast_dtype(world: WorldLike, impl: Implementation) -> None:
     global_x = _global_batch(13, 2 * world.size).float()
     for dtype in (torch.bfloat16, torch.float16, None):
         ran = str(dtype or torch.float32)
-        for rank, got in enumerate(world.run(op_ranks.autocast_ops, impl, dtype, global_x)):
+        results: list[AutocastOps] = world.run(op_ranks.autocast_ops, impl, dtype, global_x)
+        for rank, got in enumerate(results):
             what = f"autocast_dtype={dtype}, rank {rank}"
-            assert got["params"] == ["torch.float32"], (
-                f"{what}: a float32 model's parameters are {got['params']} after wrapping; autocast leaves them float32"
+            assert got.params == ["torch.float32"], (
+                f"{what}: a float32 model's parameters are {got.params} after wrapping; autocast leaves them float32"
             )
-            require_seen(got["matmuls"], f"{what}: the op recorder saw no matmul of the wrapped forward")
-            assert set(got["matmuls"]) == {ran}, (
-                f"{what}: the forward's matmuls ran in {sorted(set(got['matmuls']))}, expected {ran} "
-                f"(the output is {got['output']})"
+            require_seen(got.matmuls, f"{what}: the op recorder saw no matmul of the wrapped forward")
+            assert set(got.matmuls) == {ran}, (
+                f"{what}: the forward's matmuls ran in {sorted(set(got.matmuls))}, expected {ran} "
+                f"(the output is {got.output})"
             )
-            assert got["output"] == got["reference_output"], (
-                f"{what}: the wrapped forward returned {got['output']}, torch.autocast's forward of the same model "
-                f"returns {got['reference_output']} (is the output cast, or the forward run outside autocast?)"
+            assert got.output == got.reference_output, (
+                f"{what}: the wrapped forward returned {got.output}, torch.autocast's forward of the same model "
+                f"returns {got.reference_output} (is the output cast, or the forward run outside autocast?)"
             )
-            stray = [op for op in got["floating"] if not op.endswith(ran)] if dtype is None else []
+            stray = [op for op in got.floating if not op.endswith(ran)] if dtype is None else []
             assert not stray, f"{what}: ops of the forward computed in other dtypes than float32: {stray}"
-            assert got["grad_dtypes"] == ["torch.float32"], f"{what}: gradients are {got['grad_dtypes']}, not float32"
+            assert got.grad_dtypes == ["torch.float32"], f"{what}: gradients are {got.grad_dtypes}, not float32"
             assert_autocast_grads(got, what, dtype)
     for mode in (True, "selective"):  # a checkpointed block's recompute must run under autocast too
-        for rank, got in enumerate(world.run(op_ranks.autocast_ops, impl, torch.bfloat16, global_x, mode)):
+        checkpointed: list[AutocastOps] = world.run(op_ranks.autocast_ops, impl, torch.bfloat16, global_x, mode)
+        for rank, got in enumerate(checkpointed):
             what = f"autocast_dtype=torch.bfloat16 with activation_checkpointing={mode!r}, rank {rank}"
-            seen = sorted(set(got["matmuls"]) | set(got["backward_matmuls"]))
-            require_seen(got["backward_matmuls"], f"{what}: the op recorder saw no matmul of the backward")
+            seen = sorted(set(got.matmuls) | set(got.backward_matmuls))
+            require_seen(got.backward_matmuls, f"{what}: the op recorder saw no matmul of the backward")
             assert seen == ["torch.bfloat16"], (
                 f"{what}: matmuls ran in {seen} in forward and backward, expected torch.bfloat16 only (is the "
                 "checkpointed forward recomputed outside autocast?)"
@@ -412,14 +412,14 @@ def contrastive_loss_equals_full_batch(world: WorldLike, impl: Implementation) -
         n = rows * world.size
         x = _global_batch(seed, n, dim)
         y = x + 0.1 * _global_batch(seed + 1, n, dim)
-        results = world.run(training.contrastive_identity, impl, x, y, 3, 0.1, 0.5)
+        results: list[ContrastiveRun] = world.run(training.contrastive_identity, impl, x, y, 3, 0.1, 0.5)
         for rank, got in enumerate(results):
             what = f"rank {rank}: step-1 gradient vs full batch"
-            tolerance = tolerance_for(got["dtype"], TOLERANCE_TIGHT)
-            assert_close_lists(got["ddp"], got["reference"], what, tolerance)
+            tolerance = tolerance_for(got.dtype, TOLERANCE_TIGHT)
+            assert_close_lists(got.ddp, got.reference, what, tolerance)
             what = f"rank {rank}: parameters after 3 steps vs full batch"
-            assert_close_lists(got["params"], got["reference_params"], what, tolerance)
-        assert_ranks_identical([got["params"] for got in results], "contrastive training")
+            assert_close_lists(got.params, got.reference_params, what, tolerance)
+        assert_ranks_identical([got.params for got in results], "contrastive training")
 
     example()
 
@@ -433,13 +433,13 @@ def any_config_trains_like_one_process(world: WorldLike, impl: Implementation) -
     @given(config=ddp_configs(autocast_dtype=None), seed=st.integers(0, 2**16), rows=st.integers(1, 3))
     def example(config: dict[str, Any], seed: int, rows: int) -> None:
         global_x = _global_batch(seed, rows * world.size)
-        results = world.run(training.train_config, impl, config, global_x, 2)
+        results: list[ConfigRun] = world.run(training.train_config, impl, config, global_x, 2)
         for rank, got in enumerate(results):
             tolerance = TOLERANCE_FLOAT64 if config.get("autocast_dtype") is None else TOLERANCE_BF16
-            tolerance = tolerance_for(got["dtype"], tolerance)
+            tolerance = tolerance_for(got.dtype, tolerance)
             assert_close_lists(
-                got["params"], got["reference"], f"config {config}, rank {rank}: DDP vs full batch", tolerance
+                got.params, got.reference, f"config {config}, rank {rank}: DDP vs full batch", tolerance
             )
-        assert_ranks_identical([got["params"] for got in results], f"config {config}")
+        assert_ranks_identical([got.params for got in results], f"config {config}")
 
     example()

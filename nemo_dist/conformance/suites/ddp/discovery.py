@@ -22,8 +22,6 @@ equal those of the model wrapped without checkpointing.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -32,6 +30,7 @@ from nemo_dist.conformance.engine.registry import WorldLike, check
 from nemo_dist.conformance.suites.ddp.checkpoint_rules import CheckpointingFailure, explained
 from nemo_dist.conformance.suites.ddp.entry_point import device_of, dtype_of, grads_of, local_rows, parallelizer, seeded
 from nemo_dist.conformance.suites.ddp.expectations import TOLERANCE_TIGHT, assert_close_lists, tolerance_for
+from nemo_dist.conformance.suites.ddp.messages import DiscoveryRun
 from nemo_dist.conformance.suites.ddp.models import DIM, _Block
 
 __all__ = ["CHOSEN", "DiscoveryModel", "checkpointing_follows_structural_discovery", "discovery_recompute"]
@@ -81,12 +80,10 @@ def _blocks(model: DiscoveryModel) -> dict[str, _Block]:
     return found
 
 
-def discovery_recompute(impl: Implementation, global_x: torch.Tensor) -> dict[str, Any]:
+def discovery_recompute(impl: Implementation, global_x: torch.Tensor) -> DiscoveryRun:
     """Rank side: full checkpointing of scope "all" on :class:`DiscoveryModel`; per block, its reruns in backward.
 
-    Returns ``{"recomputed": {block: (attention runs, MLP runs)}, "grads": [...],
-    "plain_grads": [...], "dtype": ...}``, the plain gradients from the same
-    model wrapped without checkpointing.
+    Beside them the gradients, and those of the same model wrapped without checkpointing.
     """
     plain = seeded(DiscoveryModel, 13)
     plain_wrapped = parallelizer(impl, {}).parallelize(plain)
@@ -100,14 +97,14 @@ def discovery_recompute(impl: Implementation, global_x: torch.Tensor) -> dict[st
     loss = wrapped(x.to(device_of(model), dtype_of(model))).square().mean()
     before = {name: (attn.calls, mlp.calls) for name, (attn, mlp) in parts.items()}
     loss.backward()
-    return {
-        "recomputed": {
+    return DiscoveryRun(
+        recomputed={
             name: (attn.calls - before[name][0], mlp.calls - before[name][1]) for name, (attn, mlp) in parts.items()
         },
-        "grads": grads_of(model),
-        "plain_grads": grads_of(plain),
-        "dtype": str(dtype_of(model)),
-    }
+        grads=grads_of(model),
+        plain_grads=grads_of(plain),
+        dtype=str(dtype_of(model)),
+    )
 
 
 @check("ddp.checkpointing_follows_structural_discovery", tier="core", component="ddp")
@@ -115,8 +112,9 @@ def checkpointing_follows_structural_discovery(world: WorldLike, impl: Implement
     """Found by structure, each group is its longest container (shallower, then first, on ties), one block or more."""
     generator = torch.Generator().manual_seed(14)
     global_x = torch.randn(2 * world.size, DIM, generator=generator, dtype=torch.float64)
-    for rank, got in enumerate(world.run(discovery_recompute, impl, global_x)):
-        for block, (attention, mlp) in got["recomputed"].items():
+    results: list[DiscoveryRun] = world.run(discovery_recompute, impl, global_x)
+    for rank, got in enumerate(results):
+        for block, (attention, mlp) in got.recomputed.items():
             chosen = block.rsplit(".", 1)[0] in CHOSEN
             ok = attention > 0 and mlp > 0 if chosen else attention == 0 and mlp == 0
             if ok:
@@ -135,8 +133,8 @@ def checkpointing_follows_structural_discovery(world: WorldLike, impl: Implement
             )
         with explained("gradients"):
             assert_close_lists(
-                got["grads"],
-                got["plain_grads"],
+                got.grads,
+                got.plain_grads,
                 f"activation_checkpointing=True, scope 'all', rank {rank}: gradients vs no checkpointing",
-                tolerance_for(got["dtype"], TOLERANCE_TIGHT),
+                tolerance_for(got.dtype, TOLERANCE_TIGHT),
             )

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from nemo_dist.conformance.suites.ddp.messages import AutocastOps, Placement
+
 __all__ = [
     "CHECKPOINT_SCOPES",
     "COMPUTE_ROUNDINGS",
@@ -21,6 +23,7 @@ __all__ = [
     "assert_autocast_grads",
     "assert_close_lists",
     "assert_close_rounded",
+    "assert_device_placement",
     "assert_ranks_identical",
     "checkpoint_role",
     "computed_in",
@@ -130,6 +133,31 @@ def assert_ranks_identical(per_rank: list[list[torch.Tensor]], what: str) -> Non
             )
 
 
+def assert_device_placement(got: Placement, rank: int, what: str) -> None:
+    """Assert where rank ``rank`` placed its model (:func:`~.ranks.placement`); messages start with ``what``.
+
+    NCCL with CUDA: parameters on ``cuda:(rank % count)``, made current, DDP ``device_ids == [index]``; else CPU.
+    """
+    if "nccl" in got.backend and got.cuda_count > 0:
+        index = rank % got.cuda_count
+        device = f"cuda:{index}"
+        where = f"{what}: on NCCL with {got.cuda_count} GPU(s)"
+        assert got.current_device == index, (
+            f"{where}, the current CUDA device afterwards is {got.current_device}, expected {index} "
+            "(the entry point must call torch.cuda.set_device)"
+        )
+        assert got.param_devices == [device], f"{where}, parameters on {got.param_devices}, expected {device}"
+        if got.is_ddp:
+            assert got.device_ids == [index], (
+                f"{where}, DDP device_ids is {got.device_ids!r} (as indices), expected [{index}]"
+            )
+        return
+    where = f"{what}: on {got.backend}"
+    assert got.param_devices == ["cpu"], f"{where}, parameters on {got.param_devices}, expected cpu"
+    if got.is_ddp:
+        assert got.device_ids is None, f"{where}, DDP device_ids is {got.device_ids!r}, expected None on CPU"
+
+
 def checkpoint_role(mode: bool | str, trainable: bool, group: str, scope: str) -> tuple[bool, str]:
     """Whether checkpointing in ``mode`` with ``scope`` selects a block of ``group``, and how failures name it."""
     if mode and trainable and group in EXPECTED_GROUPS[scope]:
@@ -208,7 +236,7 @@ def assert_close_rounded(
             raise AssertionError(f"{what}, tensor {index} ({derived}): {error}") from None
 
 
-def assert_autocast_grads(got: dict[str, Any], what: str, dtype: torch.dtype | None) -> None:
+def assert_autocast_grads(got: AutocastOps, what: str, dtype: torch.dtype | None) -> None:
     """The wrapped gradients equal torch.autocast's on the full batch, within the rounding the autocast dtype allows.
 
     The two runs round differently (another split of the batch): each matmul
@@ -218,11 +246,11 @@ def assert_autocast_grads(got: dict[str, Any], what: str, dtype: torch.dtype | N
     same count of float32 roundings (TF32 matmuls on a GPU round coarser:
     their unit roundoff is 2^-11, as float16's).
     """
-    roundings = len(got["matmuls"]) + len(got["backward_matmuls"])
+    roundings = len(got.matmuls) + len(got.backward_matmuls)
     if dtype is None:
         dtype = torch.float16 if torch.cuda.is_available() else torch.float32
     assert_close_rounded(
-        got["grads"], got["reference"], f"{what}: gradients vs an explicit torch.autocast", dtype, roundings,
+        got.grads, got.reference, f"{what}: gradients vs an explicit torch.autocast", dtype, roundings,
         per_tensor=True,
     )
 

@@ -38,6 +38,7 @@ from nemo_dist.conformance.suites.ddp.entry_point import (
     seeded,
     square_loss,
 )
+from nemo_dist.conformance.suites.ddp.messages import AutocastOps, BlockRun, OpCounts, Recompute, ScopeRun
 from nemo_dist.conformance.suites.ddp.models import _Block, _Counted, _MultimodalModel, _TinyModel, multimodal_blocks
 from nemo_dist.conformance.suites.ddp.ops import MatmulCounter, OpDtypes
 
@@ -75,7 +76,7 @@ def counted_parts(blocks: dict[str, _Block]) -> dict[str, dict[str, _Counted]]:
 
 def observe_blocks(
     parts: dict[str, dict[str, _Counted]], loss_of: Callable[[], torch.Tensor]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, BlockRun]:
     """Run ``loss_of()`` and its backward under op counters; per block, its *block run*.
 
     A block run (:mod:`~nemo_dist.conformance.suites.ddp.checkpoint_rules`) holds each
@@ -98,12 +99,13 @@ def observe_blocks(
         return sum(getattr(counter, kind)[m] for m in subs.values())
 
     return {
-        name: {
-            "calls": {
-                k: (between[name][k] - start[name][k], m.calls - between[name][k]) for k, m in subs.items()
-            },
-            "ops": {kind: (ops(forward, kind, subs), ops(backward, kind, subs)) for kind in ("matmuls", "others")},
-        }
+        name: BlockRun(
+            calls={k: (between[name][k] - start[name][k], m.calls - between[name][k]) for k, m in subs.items()},
+            ops=OpCounts(
+                matmuls=(ops(forward, "matmuls", subs), ops(backward, "matmuls", subs)),
+                others=(ops(forward, "others", subs), ops(backward, "others", subs)),
+            ),
+        )
         for name, subs in parts.items()
     }
 
@@ -113,52 +115,48 @@ def _wrapped_loss(wrapped: Any, rows: torch.Tensor) -> torch.Tensor:
 
 
 #: Results of :func:`checkpoint_recompute` by its arguments, kept per rank: the core and extended checks read one run.
-_RECOMPUTES: dict[tuple[Implementation, str, str, bytes], dict[str, Any]] = {}
+_RECOMPUTES: dict[tuple[Implementation, str, str, bytes], Recompute] = {}
 
 
 def checkpoint_recompute(
     impl: Implementation, mode: bool | str, scopes: list[Any], global_x: torch.Tensor
-) -> dict[str, Any]:
+) -> Recompute:
     """For each scope: per block, its block run (:func:`observe_blocks`); the gradients.
 
-    Returns ``{"trainable": {block: bool}, "plain_grads": [...], "dtype": the wrapped
-    model's parameter dtype, "scopes": {repr(scope): {"runs": {block: block run},
-    "grads": [...]}}}``, with ``plain_grads`` from the same model wrapped without
-    checkpointing. Computed once per rank for the same arguments.
+    Beside them the gradients of the same model wrapped without checkpointing
+    (:class:`~nemo_dist.conformance.suites.ddp.messages.Recompute`). Computed once
+    per rank for the same arguments.
     """
     key = (impl, repr(mode), repr(scopes), global_x.numpy().tobytes())
     if key in _RECOMPUTES:
         return _RECOMPUTES[key]
     plain_grads, x, dtype = _plain_run(impl, global_x)
-    result: dict[str, Any] = {"plain_grads": plain_grads, "scopes": {}, "dtype": dtype}
+    trainable: dict[str, bool] = {}
+    runs_by_scope: dict[str, ScopeRun] = {}
     for scope in scopes:
         model = seeded(_MultimodalModel, 6)
         blocks = multimodal_blocks(model)
-        result["trainable"] = {name: trainable for name, (_, trainable) in blocks.items()}
+        trainable = {name: selected for name, (_, selected) in blocks.items()}
         parts = counted_parts({name: block for name, (block, _) in blocks.items()})
         config = {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}
         wrapped = parallelizer(impl, config).parallelize(model)
         rows = x.to(device_of(model), dtype_of(model))
         runs = observe_blocks(parts, functools.partial(_wrapped_loss, wrapped, rows))
-        result["scopes"][repr(scope)] = {"runs": runs, "grads": grads_of(model)}
+        runs_by_scope[repr(scope)] = ScopeRun(runs=runs, grads=grads_of(model))
+    result = Recompute(trainable=trainable, plain_grads=plain_grads, dtype=dtype, scopes=runs_by_scope)
     _RECOMPUTES[key] = result
     return result
 
 
 def autocast_ops(
     impl: Implementation, autocast_dtype: Any, global_x: torch.Tensor, checkpointing: bool | str = False
-) -> dict[str, Any]:
+) -> AutocastOps:
     """Train step of a float32 tiny model with ``autocast_dtype``: what ran in which dtype, and the gradients.
 
-    Returns ``{"params": parameter dtypes after wrapping, "output": the wrapped
-    output's dtype, "reference_output": the reference forward's (what
-    ``torch.autocast`` makes of the same model), "matmuls": the output dtype of every matmul of the forward,
-    "floating": {"op: dtype"} of every floating-point output of the forward,
-    "backward_matmuls": the output dtype of every matmul of the backward (a
-    checkpointed block's recompute included, with ``checkpointing``: the
-    ``activation_checkpointing`` the model is wrapped with),
-    "grad_dtypes": gradient dtypes, "grads": [...], "reference": [...]}``
-    (dtypes as strings). ``reference`` holds the gradients of the same model in
+    Returns :class:`~nemo_dist.conformance.suites.ddp.messages.AutocastOps`; its
+    backward matmuls include a checkpointed block's recompute, with
+    ``checkpointing`` (the ``activation_checkpointing`` the model is wrapped
+    with). ``reference`` holds the gradients of the same model in
     one process on the full batch, its forward under an explicit
     ``torch.autocast(device type, autocast_dtype)`` (disabled for None), the
     loss in float32 outside it, as the wrapped run computes it.
@@ -180,14 +178,14 @@ def autocast_ops(
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         full = reference(global_x.to(device, torch.float32))
     square_loss(full).backward()
-    return {
-        "params": params,
-        "output": str(out.dtype),
-        "reference_output": str(full.dtype),
-        "matmuls": recorder.matmuls,
-        "backward_matmuls": backward.matmuls,
-        "floating": sorted(recorder.floating),
-        "grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None}),
-        "grads": grads_of(model),
-        "reference": grads_of(reference),
-    }
+    return AutocastOps(
+        params=params,
+        output=str(out.dtype),
+        reference_output=str(full.dtype),
+        matmuls=recorder.matmuls,
+        backward_matmuls=backward.matmuls,
+        floating=sorted(recorder.floating),
+        grad_dtypes=sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None}),
+        grads=grads_of(model),
+        reference=grads_of(reference),
+    )

@@ -3,7 +3,8 @@
 Every public function here runs on every rank of a world (through
 ``World.run``), takes an ``Implementation`` and plain data, builds its models
 (:mod:`~nemo_dist.conformance.suites.ddp.models`) with ``torch.manual_seed`` so all
-ranks start equal, and returns plain data (CPU tensors, ints, bools, strings)
+ranks start equal, and returns the dataclasses of
+:mod:`~nemo_dist.conformance.suites.ddp.messages` (CPU tensors, ints, bools, strings)
 for the parent to assert on: the manager's attributes, where the wrapped
 model lives, buffers, bucket layouts, an unused parameter, gradients
 aliasing the buckets, and the world setup :func:`warm_up`. The functions that
@@ -18,7 +19,7 @@ config)``; :func:`~nemo_dist.conformance.suites.ddp.entry_point.parallelizer` hi
 the difference. Upstream returns the model unwrapped in a world of one rank;
 functions that need the DDP object then return
 :class:`~nemo_dist.conformance.suites.ddp.entry_point.NotDDP` (or report
-``"is_ddp"``) and leave it to the parent to call that not applicable.
+``is_ddp``) and leave it to the parent to call that not applicable.
 
 Device: models are built on CPU and the entry point moves them to the
 rank's device (the rank's GPU under NCCL, else CPU).  Inputs follow the
@@ -50,6 +51,14 @@ from nemo_dist.conformance.suites.ddp.entry_point import (
     resolved_api,
     seeded,
     sgd_step,
+)
+from nemo_dist.conformance.suites.ddp.messages import (
+    BucketLayout,
+    BufferSync,
+    ManagerAttributes,
+    Placement,
+    UnusedParameter,
+    UnusedRun,
 )
 from nemo_dist.conformance.suites.ddp.models import (
     BUCKET_WIDTH,
@@ -107,20 +116,20 @@ def _with_other_current_gpu(call: Callable[[], _M]) -> tuple[_M, int | None]:
     return value, current
 
 
-def manager_attributes(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, Any]:
+def manager_attributes(impl: Implementation, config_kwargs: dict[str, Any]) -> ManagerAttributes:
     """Build a ``DDPManager``; report its rank, world size, device and each config field it mirrors."""
     config = impl.module("config").DDPConfig(**config_kwargs)
     manager, current = _with_other_current_gpu(lambda: impl.module("ddp").DDPManager(config))
-    return {
-        "rank": (manager.rank, dist.get_rank()),
-        "world_size": (manager.world_size, dist.get_world_size()),
-        "device": str(getattr(manager, "device", "<missing>")),
-        "current_device": current,
-        "mirrored": {f: (getattr(manager, f, "<missing>"), getattr(config, f)) for f in CONFIG_FIELDS},
-    }
+    return ManagerAttributes(
+        rank=(manager.rank, dist.get_rank()),
+        world_size=(manager.world_size, dist.get_world_size()),
+        device=str(getattr(manager, "device", "<missing>")),
+        current_device=current,
+        mirrored={f: (getattr(manager, f, "<missing>"), getattr(config, f)) for f in CONFIG_FIELDS},
+    )
 
 
-def placement(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, Any]:
+def placement(impl: Implementation, config_kwargs: dict[str, Any]) -> Placement:
     """Wrap a tiny float64 model through the entry point; report what came back and where it lives.
 
     Returns the backend, the number of visible GPUs (0 without CUDA), whether
@@ -132,18 +141,18 @@ def placement(impl: Implementation, config_kwargs: dict[str, Any]) -> dict[str, 
     model = seeded(_TinyModel, 0)
     wrapped, current = _with_other_current_gpu(lambda: parallelizer(impl, config_kwargs).parallelize(model))
     is_ddp = isinstance(wrapped, DistributedDataParallel)
-    return {
-        "backend": str(dist.get_backend()),
-        "cuda_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "current_device": current,
-        "is_ddp": is_ddp,
-        "module_is_model": getattr(wrapped, "module", None) is model,
-        "is_model": wrapped is model,
-        "returned": type(wrapped).__name__,
-        "param_devices": sorted({str(p.device) for p in model.parameters()}),
-        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
-        "device_ids": device_indices(getattr(wrapped, "device_ids", "<missing>")) if is_ddp else None,
-    }
+    return Placement(
+        backend=str(dist.get_backend()),
+        cuda_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        current_device=current,
+        is_ddp=is_ddp,
+        module_is_model=getattr(wrapped, "module", None) is model,
+        is_model=wrapped is model,
+        returned=type(wrapped).__name__,
+        param_devices=sorted({str(p.device) for p in model.parameters()}),
+        param_dtypes=sorted({str(p.dtype) for p in model.parameters()}),
+        device_ids=device_indices(getattr(wrapped, "device_ids", "<missing>")) if is_ddp else None,
+    )
 
 
 def requires_process_group(impl: Implementation) -> str | None:
@@ -160,7 +169,7 @@ def requires_process_group(impl: Implementation) -> str | None:
     return None
 
 
-def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list[float]]:
+def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> BufferSync:
     """Buffers set to the rank number before wrapping: what each rank holds and sees.
 
     Returns the buffer after construction, the value forward 1 saw, and the
@@ -175,7 +184,7 @@ def buffer_sync(impl: Implementation, broadcast_buffers: bool) -> dict[str, list
     wrapped(x).sum().backward()
     model.offset.fill_(float(rank + 10))
     wrapped(x).sum().backward()
-    return {"after_init": after_init, "forward1": model.seen[0].tolist(), "forward2": model.seen[1].tolist()}
+    return BufferSync(after_init=after_init, forward1=model.seen[0].tolist(), forward2=model.seen[1].tolist())
 
 
 def _bucket_layout(wrapped: DistributedDataParallel, steps: int) -> list[list[int]]:
@@ -211,16 +220,15 @@ def _bucket_layout(wrapped: DistributedDataParallel, steps: int) -> list[list[in
     return [record[-1][index] for index in sorted(record[-1])]
 
 
-def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -> dict[str, Any] | NotDDP:
+def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -> dict[str, BucketLayout] | NotDDP:
     """Per cap: the bucket layout of the entry point's DDP and of torch's own DDP given that cap.
 
     The model (:func:`~nemo_dist.conformance.suites.ddp.models.bucket_model`) has 24
     float64 parameters of 2 KiB. A layout is what a comm hook sees on step
     ``steps`` (DDP has rebuilt its buckets by then: docs/contract.md, the facts of torch 2.13): the
     buckets in order, each the indices of its parameters in
-    ``model.parameters()`` order. Returns ``{repr(cap): {"got": layout,
-    "torch": layout, "got_cap_bytes": the DDP's ``bucket_bytes_cap``,
-    "torch_cap_bytes": torch's}}`` (the cap in bytes tells caps apart where
+    ``model.parameters()`` order. Returns ``{repr(cap): BucketLayout}``, the
+    layouts beside the DDPs' ``bucket_bytes_cap`` (the cap in bytes tells caps apart where
     the layouts cannot: every cap over about 0.05 MiB gives one bucket on this
     model); torch's DDP is built on the device the entry point
     put its model on, with ``bucket_cap_mb=cap`` (nothing for None) and the
@@ -228,7 +236,7 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
     ``gradient_as_bucket_view`` (the first changes when buckets are rebuilt).
     When the entry point does not return a DDP: :class:`NotDDP`.
     """
-    layouts: dict[str, Any] = {}
+    layouts: dict[str, BucketLayout] = {}
     for cap in caps:
         wrapped = parallelizer(impl, {"bucket_cap_mb": cap}).parallelize(seeded(bucket_model, 2))
         if not isinstance(wrapped, DistributedDataParallel):
@@ -243,32 +251,32 @@ def bucket_layouts(impl: Implementation, caps: list[float | None], steps: int) -
         plain = DistributedDataParallel(
             seeded(bucket_model, 2).to(device), device_ids=ddp_device_ids(device), **options
         )
-        layouts[repr(cap)] = {
-            "got": _bucket_layout(wrapped, steps),
-            "torch": _bucket_layout(plain, steps),
-            "got_cap_bytes": getattr(wrapped, "bucket_bytes_cap", None),
-            "torch_cap_bytes": plain.bucket_bytes_cap,
-        }
+        layouts[repr(cap)] = BucketLayout(
+            got=_bucket_layout(wrapped, steps),
+            torch_ddp=_bucket_layout(plain, steps),
+            got_cap_bytes=getattr(wrapped, "bucket_bytes_cap", None),
+            torch_cap_bytes=plain.bucket_bytes_cap,
+        )
     return layouts
 
 
-def _train_unused(wrapped: nn.Module, model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
-    """Two SGD steps; ``{"error": DDP's message or None, "params": parameters after them ([] on error)}``."""
+def _train_unused(wrapped: nn.Module, model: nn.Module, x: torch.Tensor) -> UnusedRun:
+    """Two SGD steps; DDP's message or None, the parameters after them ([] on error)."""
     try:
         for _ in range(2):
             wrapped(x).square().mean().backward()
             sgd_step(model, 0.1)
     except RuntimeError as error:
-        return {"error": str(error), "params": []}
-    return {"error": None, "params": params_of(model)}
+        return UnusedRun(error=str(error), params=[])
+    return UnusedRun(error=None, params=params_of(model))
 
 
-def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict[str, Any] | NotDDP:
+def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> UnusedParameter | NotDDP:
     """Train two iterations of a model whose forward skips a parameter, and torch's own DDP beside it.
 
-    Returns ``{"error": message or None, "params": parameters after the steps,
-    "torch": the same from a plain ``DistributedDataParallel`` built with this
-    ``find_unused_parameters``}``; the DDP error is caught on the rank so every
+    Returns the error message or None, the parameters after the steps, and
+    the same from a plain ``DistributedDataParallel`` built with this
+    ``find_unused_parameters``; the DDP error is caught on the rank so every
     rank reports it. When the entry point does not return a DDP, :class:`NotDDP`.
     """
     model = seeded(_SometimesUnused, 3)
@@ -283,7 +291,7 @@ def unused_parameter(impl: Implementation, find_unused_parameters: bool) -> dict
     torch_ddp = DistributedDataParallel(
         plain, device_ids=ddp_device_ids(device), find_unused_parameters=find_unused_parameters
     )
-    return {**got, "torch": _train_unused(torch_ddp, plain, x)}
+    return UnusedParameter(error=got.error, params=got.params, torch_ddp=_train_unused(torch_ddp, plain, x))
 
 
 def grad_bucket_aliasing(impl: Implementation, gradient_as_bucket_view: bool, steps: int) -> list[list[bool]] | NotDDP:

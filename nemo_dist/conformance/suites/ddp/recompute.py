@@ -21,8 +21,6 @@ still fails there.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from nemo_dist.conformance.engine.implementation import Implementation
@@ -36,6 +34,7 @@ from nemo_dist.conformance.suites.ddp.expectations import (
     checkpoint_role,
     tolerance_for,
 )
+from nemo_dist.conformance.suites.ddp.messages import Recompute
 
 __all__ = ["SAMPLE_SCOPE", "check_recompute", "check_saves_a_matmul"]
 
@@ -43,7 +42,7 @@ __all__ = ["SAMPLE_SCOPE", "check_recompute", "check_saves_a_matmul"]
 SAMPLE_SCOPE = "language,vision"
 
 
-def _results(world: WorldLike, impl: Implementation, mode: bool | str, scopes: tuple[str, ...]) -> list[Any]:
+def _results(world: WorldLike, impl: Implementation, mode: bool | str, scopes: tuple[str, ...]) -> list[Recompute]:
     global_x = torch.randn(2 * world.size, 8, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
     return world.run(op_ranks.checkpoint_recompute, impl, mode, list(scopes), global_x)
 
@@ -68,16 +67,16 @@ def check_recompute(
     unobserved = []
     for rank, got in enumerate(_results(world, impl, mode, scopes)):
         for scope in scopes:
-            run = got["scopes"][repr(scope)]
-            for block, block_run in run["runs"].items():
-                selected, what = checkpoint_role(mode, got["trainable"][block], block.split(".")[0], scope)
+            run = got.scopes[repr(scope)]
+            for block, block_run in run.runs.items():
+                selected, what = checkpoint_role(mode, got.trainable[block], block.split(".")[0], scope)
                 unobserved.append(judge_block(mode, selected, _where(mode, scope, rank, block, what), block_run))
             with explained("gradients"):
                 assert_close_lists(
-                    run["grads"],
-                    got["plain_grads"],
+                    run.grads,
+                    got.plain_grads,
                     f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}: gradients vs no checkpointing",
-                    tolerance_for(got["dtype"], TOLERANCE_TIGHT),
+                    tolerance_for(got.dtype, TOLERANCE_TIGHT),
                 )
     raise_unobserved(unobserved)
 
@@ -91,8 +90,8 @@ def check_saves_a_matmul(world: WorldLike, impl: Implementation) -> None:
     unobserved = []
     for rank, got in enumerate(_results(world, impl, "selective", scopes)):
         for scope in scopes:
-            for block, block_run in got["scopes"][repr(scope)]["runs"].items():
-                selected, what = checkpoint_role("selective", got["trainable"][block], block.split(".")[0], scope)
+            for block, block_run in got.scopes[repr(scope)].runs.items():
+                selected, what = checkpoint_role("selective", got.trainable[block], block.split(".")[0], scope)
                 if selected:
                     unobserved.append(saves_a_matmul(_where("selective", scope, rank, block, what), block_run))
     raise_unobserved(unobserved)

@@ -5,7 +5,8 @@ Every public function here runs on every rank of a world (through
 (:mod:`~nemo_dist.conformance.suites.ddp.models`) with ``torch.manual_seed`` so all
 ranks start equal, trains them for a few SGD steps through the entry point
 (:func:`~nemo_dist.conformance.suites.ddp.entry_point.parallelizer`) and returns the
-parameters (and gradients) as CPU tensors for the parent to compare:
+parameters (and gradients) as CPU tensors, in the dataclasses of
+:mod:`~nemo_dist.conformance.suites.ddp.messages`, for the parent to compare:
 :func:`train_config` and :func:`contrastive_identity` against a copy trained
 in one process on the full batch, :func:`static_graph_training` against the
 same model trained without ``static_graph``.
@@ -39,6 +40,7 @@ from nemo_dist.conformance.suites.ddp.entry_point import (
     sgd_step,
     square_loss,
 )
+from nemo_dist.conformance.suites.ddp.messages import ConfigRun, ContrastiveRun, StaticRun
 from nemo_dist.conformance.suites.ddp.models import _SelfCheckpointed, _SometimesUnused, _TinyModel
 from nemo_dist.conformance.suites.ddp.wrapped import field_keywords
 
@@ -64,7 +66,7 @@ def _checkpointed_setting(impl: Implementation) -> tuple[Any, dict[str, Any], di
     return _TinyModel, fields, fields
 
 
-def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: int) -> dict[str, Any] | NotDDP:
+def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: int) -> dict[str, StaticRun] | NotDDP:
     """Train with ``static_graph=True`` and without it, in two settings.
 
     ``checkpointed``: the tiny model with checkpointed blocks (through
@@ -72,13 +74,11 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
     keyword, one that passes ``static_graph`` through ``**kwargs``, say, gets a
     model whose blocks checkpoint themselves); ``unused``: a model with a
     parameter that is never used (the non-static run uses
-    ``find_unused_parameters=True``).  Returns for each the DDP objects'
-    ``static_graph`` attributes (``static_graph=True`` and the default), the
-    parameters of both runs after ``steps`` and the error DDP raised in the
-    static run (None; the parameters [] when it raised); :class:`NotDDP` when
-    the entry point does not return a DDP.
+    ``find_unused_parameters=True``).  Returns each setting's run by its name
+    (:class:`~nemo_dist.conformance.suites.ddp.messages.StaticRun`); :class:`NotDDP`
+    when the entry point does not return a DDP.
     """
-    runs: dict[str, Any] = {}
+    runs: dict[str, StaticRun] = {}
     settings = {
         "checkpointed": _checkpointed_setting(impl),
         "unused": (_SometimesUnused, {}, {"find_unused_parameters": True}),
@@ -96,13 +96,13 @@ def static_graph_training(impl: Implementation, global_x: torch.Tensor, steps: i
         other = seeded(factory, 5)
         dynamic = parallelizer(impl, dynamic_extra).parallelize(other)
         dynamic_params = _train(dynamic, other, x, steps, 0.1)
-        runs[name] = {
-            "static_graph": getattr(wrapped, "static_graph", None),
-            "default_static_graph": getattr(dynamic, "static_graph", None),
-            "static": static_params,
-            "dynamic": dynamic_params,
-            "error": error,
-        }
+        runs[name] = StaticRun(
+            static_graph=getattr(wrapped, "static_graph", None),
+            default_static_graph=getattr(dynamic, "static_graph", None),
+            static=static_params,
+            dynamic=dynamic_params,
+            error=error,
+        )
     return runs
 
 def _info_nce_terms(anchors: torch.Tensor, candidates: torch.Tensor, first_row: int, tau: float) -> torch.Tensor:
@@ -114,7 +114,7 @@ def _info_nce_terms(anchors: torch.Tensor, candidates: torch.Tensor, first_row: 
 
 def contrastive_identity(
     impl: Implementation, global_x: torch.Tensor, global_y: torch.Tensor, steps: int, lr: float, tau: float
-) -> dict[str, Any]:
+) -> ContrastiveRun:
     """Train a linear encoder with a gathered InfoNCE loss, and a full-batch copy beside it.
 
     Rank r encodes its slice of ``x`` and ``y`` in one DDP forward, gathers the
@@ -138,7 +138,8 @@ def contrastive_identity(
     reference = seeded(encoder, 8).to(device, dtype)
     x, y = local_rows(global_x, device).to(dtype), local_rows(global_y, device).to(dtype)
     global_x, global_y = global_x.to(device, dtype), global_y.to(device, dtype)
-    grads: dict[str, Any] = {}
+    ddp_grads: list[torch.Tensor | None] = []
+    reference_grads: list[torch.Tensor | None] = []
     for step in range(steps):
         embedded = wrapped(torch.cat([x, y]))
         candidates = gather(embedded[rows:].contiguous())
@@ -147,16 +148,21 @@ def contrastive_identity(
         n = global_x.shape[0]
         _info_nce_terms(full[:n], full[n:], 0, tau).mean().backward()
         if step == 0:
-            grads = {"ddp": grads_of(model), "reference": grads_of(reference)}
+            ddp_grads, reference_grads = grads_of(model), grads_of(reference)
         sgd_step(model, lr)
         sgd_step(reference, lr)
-    params = {"params": params_of(model), "reference_params": params_of(reference), "dtype": str(dtype)}
-    return {**grads, **params}
+    return ContrastiveRun(
+        ddp=ddp_grads,
+        reference=reference_grads,
+        params=params_of(model),
+        reference_params=params_of(reference),
+        dtype=str(dtype),
+    )
 
 
 def train_config(
     impl: Implementation, config_kwargs: dict[str, Any], global_x: torch.Tensor, steps: int
-) -> dict[str, Any]:
+) -> ConfigRun:
     """Train the tiny model under ``config_kwargs`` and, beside it, in one process on the full batch.
 
     The model is float64, or float32 when ``autocast_dtype`` is set (autocast
@@ -177,4 +183,4 @@ def train_config(
             out = reference(full)
         square_loss(out).backward()
         sgd_step(reference, 0.1)
-    return {"params": params, "reference": params_of(reference), "dtype": str(dtype)}
+    return ConfigRun(params=params, reference=params_of(reference), dtype=str(dtype))

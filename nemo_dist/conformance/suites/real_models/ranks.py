@@ -39,6 +39,7 @@ from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.ddp.entry_point import device_of, dtype_of, grads_of, parallelizer, seeded
+from nemo_dist.conformance.suites.ddp.messages import BlockRun, OpCounts
 from nemo_dist.conformance.suites.ddp.ops import OpCounter
 
 __all__ = [
@@ -300,13 +301,14 @@ def _count_forward(module: nn.Module, calls: dict[str, int], key: str, block: st
     module.forward = forward
 
 
-def _block_ops(forward: OpCounter, backward: OpCounter, block: str) -> dict[str, tuple[int, int]]:
+def _block_ops(forward: OpCounter, backward: OpCounter, block: str) -> OpCounts:
     """The matmuls and the other ops ``block``'s attention and MLP executed, each as (in forward, in backward)."""
     keys = [(block, "attention"), (block, "mlp")]
-    return {
-        kind: (sum(getattr(forward, kind)[k] for k in keys), sum(getattr(backward, kind)[k] for k in keys))
-        for kind in ("matmuls", "others")
-    }
+
+    def counted(kind: str) -> tuple[int, int]:
+        return sum(getattr(forward, kind)[k] for k in keys), sum(getattr(backward, kind)[k] for k in keys)
+
+    return OpCounts(matmuls=counted("matmuls"), others=counted("others"))
 
 
 def _build(arch: Architecture) -> tuple[nn.Module, dict[str, _Block]]:
@@ -401,14 +403,14 @@ def recompute_counts(
             loss.backward()
         result["scopes"][scope] = {
             "runs": {
-                name: {
-                    "calls": {
+                name: BlockRun(
+                    calls={
                         label: (between[name][key], block.calls[key] - between[name][key])
                         for key, label in (("attention", "attention"), ("mlp", "MLP"))
                         if key == "attention" or block.mlp is not None
                     },
-                    "ops": _block_ops(forward, backward, name) if counting else None,
-                }
+                    ops=_block_ops(forward, backward, name) if counting else None,
+                )
                 for name, block in blocks.items()
             },
             "grads": grads_of(model),
