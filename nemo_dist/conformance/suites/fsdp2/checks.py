@@ -38,7 +38,17 @@ from nemo_dist.conformance.suites.ddp.checkpoint_rules import explained, judge_b
 from nemo_dist.conformance.suites.ddp.expectations import TOLERANCE_FLOAT64, TOLERANCE_TIGHT, assert_close_lists
 from nemo_dist.conformance.suites.fsdp2 import ranks
 from nemo_dist.conformance.suites.fsdp2.causes import fsdp2_check
-from nemo_dist.conformance.suites.fsdp2.models import LAYERS
+from nemo_dist.conformance.suites.fsdp2.messages import (
+    Accumulation,
+    Checkpointing,
+    Dtypes,
+    FunctionalLayout,
+    Offload,
+    Sharding,
+    StateDicts,
+    Trained,
+)
+from nemo_dist.conformance.suites.fsdp2.upstream import prefetch_chains, reshard_expected
 
 __all__ = [
     "activation_checkpointing_recomputes_selected_layers",
@@ -90,40 +100,44 @@ def shards_over_the_data_parallel_dims(world: WorldLike, impl: Implementation) -
     """Every parameter a DTensor: Shard(0) over the shard group (HSDP: Replicate over replicas), its chunk, whole."""
     for replicas in layouts(world.size):
         layout = _layout_name(replicas, world.size)
-        for rank, found in enumerate(world.run(ranks.sharding, impl, replicas, _SEED)):
-            groups = found["expected"]
+        results: list[Sharding] = world.run(ranks.sharding, impl, replicas, _SEED)
+        for rank, found in enumerate(results):
+            groups = found.expected
             placements = ["Shard(dim=0)"] if replicas == 1 else ["Replicate()", "Shard(dim=0)"]
-            expected_groups = [groups["shard"]] if replicas == 1 else [groups["replicate"], groups["shard"]]
-            index = groups["shard"].index(rank)
-            for param in found["params"]:
-                where = f"{layout}, rank {rank}: {param['name']}"
-                assert param["dtensor"], f"{where} is not sharded (a plain tensor, not a DTensor)"
-                assert param["placements"] == placements, (
-                    f"{where} has placements {param['placements']}, expected {placements}"
+            expected_groups = [groups.shard] if replicas == 1 else [groups.replicate, groups.shard]
+            index = groups.shard.index(rank)
+            for param in found.params:
+                where = f"{layout}, rank {rank}: {param.name}"
+                placed = param.placed
+                assert placed is not None, f"{where} is not sharded (a plain tensor, not a DTensor)"
+                assert placed.placements == placements, (
+                    f"{where} has placements {placed.placements}, expected {placements}"
                 )
-                assert param["groups"] == expected_groups, (
-                    f"{where} is placed over ranks {param['groups']} (mesh dims {param['dims']}), expected "
+                assert placed.groups == expected_groups, (
+                    f"{where} is placed over ranks {placed.groups} (mesh dims {placed.dims}), expected "
                     f"{expected_groups}: "
                     + ("the shard group" if replicas == 1 else "the replica group, then the shard group")
                 )
-                rows = _chunk_rows(param["rows"], len(groups["shard"]), index)
-                assert param["local_rows"] == rows, (
-                    f"{where} holds {param['local_rows']} of {param['rows']} rows locally, expected {rows} "
-                    f"(shard {index} of {len(groups['shard'])}, split as torch.chunk)"
+                rows = _chunk_rows(param.rows, len(groups.shard), index)
+                assert placed.local_rows == rows, (
+                    f"{where} holds {placed.local_rows} of {param.rows} rows locally, expected {rows} "
+                    f"(shard {index} of {len(groups.shard)}, split as torch.chunk)"
                 )
-                assert param["full_equal"], f"{where}: its full tensor differs from the unsharded model's"
+                assert param.full_equal, f"{where}: its full tensor differs from the unsharded model's"
 
 
 @fsdp2_check("fsdp2.world_of_one_shards_nothing", min_world=1, max_world=1)
 def world_of_one_shards_nothing(world: WorldLike, impl: Implementation) -> None:
     """In a world of one rank the model comes back itself, unsharded, and the default policy casts nothing."""
+    found: Sharding
     (found,) = world.run(ranks.sharding, impl, 1, _SEED)
-    assert found["returned_model"], "the entry point returned another object than the model"
-    sharded = [p["name"] for p in found["params"] if p["dtensor"]]
+    assert found.returned_model, "the entry point returned another object than the model"
+    sharded = [p.name for p in found.params if p.placed is not None]
     assert not sharded, f"parameters {sharded} were sharded in a world of one rank (upstream shards nothing there)"
+    dtypes: Dtypes
     (dtypes,) = world.run(ranks.precision, impl, 1, _SEED, None)
-    assert (dtypes["compute"], dtypes["output"]) == ("float32", "float32"), (
-        f"the default mp_policy in a world of one computed in {dtypes['compute']} with {dtypes['output']} output; "
+    assert (dtypes.compute, dtypes.output) == ("float32", "float32"), (
+        f"the default mp_policy in a world of one computed in {dtypes.compute} with {dtypes.output} output; "
         "expected the model's float32 (nothing is cast where nothing is sharded)"
     )
 
@@ -139,18 +153,18 @@ def _assert_trained(
     for replicas in richest(world.size):
         for optimizer in optimizers:
             label = f"{what}, {_layout_name(replicas, world.size)}, {optimizer}, 3 steps"
-            results = world.run(ranks.training, impl, replicas, _SEED, optimizer, 3, fields, tied)
+            results: list[Trained] = world.run(ranks.training, impl, replicas, _SEED, optimizer, 3, fields, tied)
             for rank, found in enumerate(results):
                 if tied:
-                    assert found["tied"], f"{label}, rank {rank}: head.weight is no longer embed.weight"
+                    assert found.tied, f"{label}, rank {rank}: head.weight is no longer embed.weight"
                 assert_close_lists(
-                    found["params"],
-                    found["expected"],
+                    found.params,
+                    found.expected,
                     f"{label}, rank {rank}: parameters vs one process on the whole batch",
                     TOLERANCE_FLOAT64,
                 )
-                assert not found["replicas_differ"], (
-                    f"{label}, rank {rank}: its shards of {found['replicas_differ']} differ from another replica's "
+                assert not found.replicas_differ, (
+                    f"{label}, rank {rank}: its shards of {found.replicas_differ} differ from another replica's "
                     "(the ranks its placement replicates over must stay bit-identical: is the gradient reduced "
                     "across replicas?)"
                 )
@@ -189,18 +203,20 @@ def _seen(*, compute: str, layer_input: str, output: str, reduce: str) -> dict[s
     }
 
 
-def _assert_dtypes(found: dict[str, Any], expected: dict[str, Any], where: str) -> bool:
+def _assert_dtypes(found: Dtypes, expected: dict[str, Any], where: str) -> bool:
     """Assert every dtype a rank saw (``found``) is the ``expected`` one; whether the reductions' dtype was read.
 
     The reduction's dtype comes from the profiler's record of the backend's
     collectives; where it recorded none with a dtype (a backend whose events
     carry no shapes), only the other dtypes are judged and False is returned.
     """
+    seen = {"compute": found.compute, "layer_input": found.layer_input, "output": found.output,
+            "params": found.params, "grads": found.grads, "state": found.state}
     for key, value in expected.items():
         if key == "reduce":
             continue
-        assert found[key] == value, f"{where}: {key} dtype(s) {found[key]}, expected {value}"
-    typed = [(event, dtype) for event, dtype in found["reductions"] if dtype]
+        assert seen[key] == value, f"{where}: {key} dtype(s) {seen[key]}, expected {value}"
+    typed = [(event, dtype) for event, dtype in found.reductions if dtype]
     if not typed:
         return False
     reduced = sorted({dtype for _, dtype in typed})
@@ -262,37 +278,32 @@ def state_dict_round_trips(world: WorldLike, impl: Implementation) -> None:
     """The full state dict has the unsharded model's keys and values; a sharded one loads into another sharded model."""
     for replicas in richest(world.size):
         layout = _layout_name(replicas, world.size)
-        for rank, found in enumerate(world.run(ranks.state_dicts, impl, replicas, _SEED)):
+        results: list[StateDicts] = world.run(ranks.state_dicts, impl, replicas, _SEED)
+        for rank, found in enumerate(results):
             where = f"{layout}, rank {rank}"
-            assert found["keys"] == found["expected_keys"], (
-                f"{where}: the full state dict's keys {found['keys']} differ from the unsharded model's "
-                f"{found['expected_keys']}"
+            assert found.keys == found.expected_keys, (
+                f"{where}: the full state dict's keys {found.keys} differ from the unsharded model's "
+                f"{found.expected_keys}"
             )
             assert_close_lists(
-                [found["whole"][name] for name in found["first"]],
-                list(found["first"].values()),
+                [found.whole[name] for name in found.first],
+                list(found.first.values()),
                 f"{where}: full state dict vs the trained parameters",
                 TOLERANCE_TIGHT,
             )
             assert_close_lists(
-                list(found["second"].values()),
-                list(found["first"].values()),
+                list(found.second.values()),
+                list(found.first.values()),
                 f"{where}: a second sharded model after loading the first's sharded state dict",
                 TOLERANCE_TIGHT,
             )
-
-
-def _reshard_expected(flag: bool | None) -> dict[str, bool]:
-    """Upstream's choice per unit: layers (None: all but the last), the input embedding; the head, the root never."""
-    layers = {f"layers.{i}": (i < LAYERS - 1 if flag is None else flag) for i in range(LAYERS)}
-    return {"": False, "embed": True if flag is None else flag, **layers, "head": False}
 
 
 @fsdp2_check("fsdp2.reshard_after_forward_chooses_units", once=True)
 def reshard_after_forward_chooses_units(world: WorldLike, impl: Implementation) -> None:
     """Between forward and backward: None reshards every layer but the last; True all; False none; root never."""
     for flag in (None, True, False):
-        expected = _reshard_expected(flag)
+        expected = reshard_expected(flag)
         for rank, found in enumerate(world.run(ranks.resharding, impl, _SEED, {"reshard_after_forward": flag})):
             wrong = {
                 unit: found.get(unit)
@@ -311,58 +322,49 @@ def deferred_sync_reduces_on_the_last_micro_batch(world: WorldLike, impl: Implem
     micro = 2
     for replicas in richest(world.size):
         layout = _layout_name(replicas, world.size)
-        for rank, found in enumerate(world.run(ranks.accumulation, impl, replicas, _SEED, micro)):
-            deferred, eager, every = found["deferred"], found["eager"], found["params"]
+        results: list[Accumulation] = world.run(ranks.accumulation, impl, replicas, _SEED, micro)
+        for rank, found in enumerate(results):
+            deferred, eager, every = found.deferred, found.eager, found.params
             where = f"{layout}, rank {rank}"
-            assert eager["held"] == [every] * micro, (
+            assert eager.held == [every] * micro, (
                 f"defer_fsdp_grad_sync=False, {where}: parameters holding a reduced gradient after each micro-batch "
-                f"{eager['held']}; expected all {every} after each (every micro-batch reduces)"
+                f"{eager.held}; expected all {every} after each (every micro-batch reduces)"
             )
-            assert deferred["held"] == [0] * (micro - 1) + [every], (
+            assert deferred.held == [0] * (micro - 1) + [every], (
                 f"defer_fsdp_grad_sync=True, {where}: parameters holding a reduced gradient after each micro-batch "
-                f"{deferred['held']}; expected none before the last (the optimizer step's), all {every} after it"
+                f"{deferred.held}; expected none before the last (the optimizer step's), all {every} after it"
             )
             # Counted where the profiler records the backend's collectives (gloo does); the held gradients
             # above prove the deferral either way.
-            assert not eager["reductions"] or deferred["reductions"] * micro == eager["reductions"], (
-                f"defer_fsdp_grad_sync=True, {where}: {deferred['reductions']} gradient reductions over {micro} "
-                f"micro-batches, {eager['reductions']} without deferral; expected 1/{micro} of them (the last "
+            assert not eager.reductions or deferred.reductions * micro == eager.reductions, (
+                f"defer_fsdp_grad_sync=True, {where}: {deferred.reductions} gradient reductions over {micro} "
+                f"micro-batches, {eager.reductions} without deferral; expected 1/{micro} of them (the last "
                 "micro-batch's only)"
             )
-            for mode in ("deferred", "eager"):
+            for mode, run in (("deferred", deferred), ("eager", eager)):
                 assert_close_lists(
-                    found[mode]["grads"],
-                    found["expected"],
+                    run.grads,
+                    found.expected,
                     f"defer_fsdp_grad_sync={mode == 'deferred'}, {where}: accumulated gradients vs one process",
                     TOLERANCE_FLOAT64,
                 )
-
-
-def _chains(forward: int, backward: int) -> list[tuple[str, str, list[str]]]:
-    """The prefetch chains upstream sets over the layer units: each the next ``forward``, the previous ``backward``."""
-    found = []
-    for index in range(LAYERS):
-        following = [f"layers.{i}" for i in range(index + 1, min(LAYERS, index + 1 + forward))]
-        preceding = [f"layers.{index - d}" for d in range(1, backward + 1) if index - d >= 0]
-        found += [("forward", f"layers.{index}", following)] if following else []
-        found += [("backward", f"layers.{index}", preceding)] if preceding else []
-    return sorted(found)
 
 
 @fsdp2_check("fsdp2.functional_entry_point_keeps_upstream_defaults", once=True)
 def functional_entry_point_keeps_upstream_defaults(world: WorldLike, impl: Implementation) -> None:
     """fsdp2_strategy_parallelize's own defaults are upstream's: prefetch on (depths 1 forward, 2 backward), the
     resharding heuristic; NOT SUPPORTED where the module has no such function (upstream keeps it elsewhere)."""
-    for rank, found in enumerate(world.run(ranks.functional_layout, impl, _SEED)):
+    results: list[FunctionalLayout] = world.run(ranks.functional_layout, impl, _SEED)
+    for rank, found in enumerate(results):
         where = f"fsdp2_strategy_parallelize(model, mesh, mp_policy=MixedPrecisionPolicy()), rank {rank}"
-        expected_chains = _chains(1, 2)
-        assert [tuple(c) for c in found["prefetch"]] == expected_chains, (
-            f"{where}: prefetch chains {found['prefetch']}, expected {expected_chains} (its defaults: prefetch on, "
+        expected_chains = prefetch_chains(1, 2)
+        assert [tuple(c) for c in found.prefetch] == expected_chains, (
+            f"{where}: prefetch chains {found.prefetch}, expected {expected_chains} (its defaults: prefetch on, "
             "forward depth 1, backward depth 2)"
         )
-        expected = _reshard_expected(None)
-        assert found["resharded"] == expected, (
-            f"{where}: units resharded after forward {found['resharded']}, expected {expected} "
+        expected = reshard_expected(None)
+        assert found.resharded == expected, (
+            f"{where}: units resharded after forward {found.resharded}, expected {expected} "
             "(its default reshard_after_forward=None)"
         )
 
@@ -371,10 +373,10 @@ def functional_entry_point_keeps_upstream_defaults(world: WorldLike, impl: Imple
 #: resharding (nothing to prefetch).
 _PREFETCH: list[tuple[dict[str, Any], list[tuple[str, str, list[str]]]]] = [
     ({}, []),
-    ({"enable_fsdp2_prefetch": True}, _chains(1, 2)),
+    ({"enable_fsdp2_prefetch": True}, prefetch_chains(1, 2)),
     (
         {"enable_fsdp2_prefetch": True, "fsdp2_forward_prefetch_depth": 2, "fsdp2_backward_prefetch_depth": 1},
-        _chains(2, 1),
+        prefetch_chains(2, 1),
     ),
     ({"enable_fsdp2_prefetch": True, "reshard_after_forward": False}, []),
 ]
@@ -398,12 +400,13 @@ def cpu_offload_trains_and_offloads(world: WorldLike, impl: Implementation) -> N
     CPU, where the parameters live says nothing).
     """
     for fields, offloads in (({"offload_policy": "cpu"}, True), ({}, False)):
-        for rank, found in enumerate(world.run(ranks.offload, impl, _SEED, fields)):
-            wrong = {unit: got for unit, got in found["policies"].items() if (got == "CPUOffloadPolicy") != offloads}
-            assert found["policies"], f"rank {rank}: no FSDP unit found after parallelize"
+        results: list[Offload] = world.run(ranks.offload, impl, _SEED, fields)
+        for rank, found in enumerate(results):
+            wrong = {unit: got for unit, got in found.policies.items() if (got == "CPUOffloadPolicy") != offloads}
+            assert found.policies, f"rank {rank}: no FSDP unit found after parallelize"
             assert not wrong, (
                 f"offload_policy={fields.get('offload_policy')}, rank {rank}: units' offload policies "
-                f"{found['policies']}, expected " + ("CPUOffloadPolicy on each" if offloads else "none offloading")
+                f"{found.policies}, expected " + ("CPUOffloadPolicy on each" if offloads else "none offloading")
             )
     _assert_trained(world, impl, "CPU offload", {"offload_policy": "cpu"}, tied=False, optimizers=("adam",))
 
@@ -424,15 +427,16 @@ def activation_checkpointing_recomputes_selected_layers(world: WorldLike, impl: 
     selective: at least one op and fewer than full); gradients unchanged."""
     unobserved = []
     for mode, scope, selected in _CHECKPOINTING:
-        for rank, found in enumerate(world.run(ranks.checkpointing, impl, _SEED, mode, scope)):
+        results: list[Checkpointing] = world.run(ranks.checkpointing, impl, _SEED, mode, scope)
+        for rank, found in enumerate(results):
             where = f"activation_checkpointing={mode!r}, scope {scope!r}, rank {rank}"
             role = "language group, " + ("selected" if selected else "not selected")
-            for block, run in found["checkpointed"]["runs"].items():
+            for block, run in found.checkpointed.runs.items():
                 unobserved.append(judge_block(mode, selected, f"{where}: {block} ({role})", run))
             with explained("gradients"):
                 assert_close_lists(
-                    found["checkpointed"]["grads"],
-                    found["plain"]["grads"],
+                    found.checkpointed.grads,
+                    found.plain.grads,
                     f"{where}: gradients vs no checkpointing",
                     TOLERANCE_TIGHT,
                 )

@@ -22,6 +22,7 @@ from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike
 from nemo_dist.conformance.suites.fsdp2 import policy_ranks
 from nemo_dist.conformance.suites.fsdp2.causes import fsdp2_check
+from nemo_dist.conformance.suites.fsdp2.messages import HeldPolicies
 from nemo_dist.conformance.suites.fsdp2.models import LAYERS
 
 __all__ = ["POLICIES", "every_unit_holds_the_configured_policy", "expected_layer_inputs", "expected_policy"]
@@ -67,13 +68,14 @@ def every_unit_holds_the_configured_policy(world: WorldLike, impl: Implementatio
     layer's float32 side input arrives cast or not as cast_forward_inputs says."""
     for mp_policy in POLICIES:
         policy = expected_policy(mp_policy)
-        for rank, found in enumerate(world.run(policy_ranks.held_policies, impl, _SEED, mp_policy)):
+        results: list[HeldPolicies] = world.run(policy_ranks.held_policies, impl, _SEED, mp_policy)
+        for rank, found in enumerate(results):
             where = f"mp_policy={'None (the default)' if mp_policy is None else mp_policy}, rank {rank}"
-            assert found["units"], f"{where}: no FSDP unit in the sharded model"
-            for unit, held in found["units"].items():
+            assert found.units, f"{where}: no FSDP unit in the sharded model"
+            for unit, held in found.units.items():
                 assert held == policy, f"{where}: unit {unit or '(root)'} holds {held}, expected {policy}"
             inputs = expected_layer_inputs(policy)
-            assert found["layers"] == inputs, (
-                f"{where}: the layers' forwards received (residual stream, float32 side input) in {found['layers']}, "
+            assert found.layers == inputs, (
+                f"{where}: the layers' forwards received (residual stream, float32 side input) in {found.layers}, "
                 f"expected {inputs} (cast_forward_inputs={policy['cast_forward_inputs']})"
             )

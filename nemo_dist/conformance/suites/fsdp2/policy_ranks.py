@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.fsdp2.calls import device, mesh, own_fsdp_internals, parallelize
+from nemo_dist.conformance.suites.fsdp2.messages import HeldPolicies
 from nemo_dist.conformance.suites.fsdp2.models import SideInputLM
 from nemo_dist.conformance.suites.fsdp2.ranks import PER_RANK, _state, _units
 
@@ -32,11 +33,10 @@ def _named(value: Any) -> Any:
     return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
 
 
-def held_policies(impl: Implementation, seed: int, mp_policy: dict[str, Any] | None) -> dict[str, Any]:
+def held_policies(impl: Implementation, seed: int, mp_policy: dict[str, Any] | None) -> HeldPolicies:
     """Shard a float32 side-input model with ``mp_policy`` (None: the default); per unit its held policy.
 
-    Returns ``{"units": {unit name ("" the root): {field: dtype name, None or bool}}, "layers": [[residual dtype,
-    side dtype] per layer, of its first forward]}``.
+    Also, per layer, the dtypes its first forward received (residual stream, side input).
     """
     with own_fsdp_internals():
         torch.manual_seed(seed)
@@ -51,4 +51,4 @@ def held_policies(impl: Implementation, seed: int, mp_policy: dict[str, Any] | N
         tokens = torch.randint(0, 10, (PER_RANK * dist.get_world_size(),), generator=generator)
         local = tokens[dist.get_rank() * PER_RANK : (dist.get_rank() + 1) * PER_RANK].to(device())
         F.cross_entropy(sharded(local).float(), local).backward()
-        return {"units": units, "layers": [list(layer.seen[0]) for layer in layers]}  # type: ignore[index]
+        return HeldPolicies(units=units, layers=[list(layer.seen[0]) for layer in layers])  # type: ignore[index]

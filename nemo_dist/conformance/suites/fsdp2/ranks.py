@@ -2,8 +2,8 @@
 
 Every function runs on each rank of a world (``world.run``), shards a
 seeded model through the implementation's entry point over NeMo AutoModel's
-mesh (:mod:`.calls`, inside ``own_fsdp_internals``), and returns plain data
-and CPU tensors for the parent to judge. A parameter is read through
+mesh (:mod:`.calls`, inside ``own_fsdp_internals``), and returns the
+dataclasses of :mod:`.messages` (plain data, CPU tensors) for the parent to judge. A parameter is read through
 ``full_tensor()`` (a collective: every rank reads the same parameters in
 the same order). FSDP's units and state are read here: which modules are
 units, which of them hold unsharded parameters, their prefetch chains and
@@ -27,6 +27,21 @@ from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.ddp.op_ranks import counted_parts, observe_blocks
 from nemo_dist.conformance.suites.ddp.sharded import cpu_copy, full, grad_copy
 from nemo_dist.conformance.suites.fsdp2.calls import device, mesh, own_fsdp_internals, parallelize, sync_ctx
+from nemo_dist.conformance.suites.fsdp2.messages import (
+    Accumulation,
+    Checkpointing,
+    DTensorPlacement,
+    Dtypes,
+    FunctionalLayout,
+    Groups,
+    Offload,
+    ShardedParam,
+    Sharding,
+    StateDicts,
+    StepRun,
+    SyncRun,
+    Trained,
+)
 from nemo_dist.conformance.suites.fsdp2.models import blocks, tiny_lm
 from nemo_dist.conformance.suites.wrapper.ranks import reductions
 
@@ -111,16 +126,16 @@ def _resharded(model: nn.Module) -> dict[str, bool]:
     return {name: all(_is_dtensor(p) for p in params) for name, params in _managed(model).items() if params}
 
 
-def _named_groups(replicas: int) -> dict[str, list[int]]:
+def _named_groups(replicas: int) -> Groups:
     """This rank's expected shard group and replica group (global ranks) in the ``(R, W/R)`` layout."""
     rank, shards = dist.get_rank(), dist.get_world_size() // replicas
-    return {
-        "shard": [rank // shards * shards + j for j in range(shards)],
-        "replicate": [rank % shards + i * shards for i in range(replicas)],
-    }
+    return Groups(
+        shard=[rank // shards * shards + j for j in range(shards)],
+        replicate=[rank % shards + i * shards for i in range(replicas)],
+    )
 
 
-def sharding(impl: Implementation, replicas: int, seed: int) -> dict[str, Any]:
+def sharding(impl: Implementation, replicas: int, seed: int) -> Sharding:
     """Shard with mixed precision off; each parameter's placements, mesh dims' ranks, local rows, full tensor.
 
     Also whether the entry point returned the model itself, this rank's
@@ -134,17 +149,17 @@ def sharding(impl: Implementation, replicas: int, seed: int) -> dict[str, Any]:
         params = []
         param: Any
         for (name, param), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
-            found: dict[str, Any] = {"name": name, "rows": expected.shape[0], "dtensor": _is_dtensor(param)}
-            if found["dtensor"]:
-                found["placements"] = [repr(p) for p in param.placements]
-                found["dims"] = list(param.device_mesh.mesh_dim_names or ())
-                found["groups"] = [
-                    dist.get_process_group_ranks(param.device_mesh.get_group(d)) for d in range(param.device_mesh.ndim)
-                ]
-                found["local_rows"] = param.to_local().shape[0]
-            found["full_equal"] = torch.equal(cpu_copy(param), expected)
-            params.append(found)
-        return {"returned_model": returned is model, "params": params, "expected": _named_groups(replicas)}
+            placed = None
+            if _is_dtensor(param):
+                device_mesh = param.device_mesh
+                placed = DTensorPlacement(
+                    placements=[repr(p) for p in param.placements],
+                    dims=list(device_mesh.mesh_dim_names or ()),
+                    groups=[dist.get_process_group_ranks(device_mesh.get_group(d)) for d in range(device_mesh.ndim)],
+                    local_rows=param.to_local().shape[0],
+                )
+            params.append(ShardedParam(name, expected.shape[0], torch.equal(cpu_copy(param), expected), placed))
+        return Sharding(returned_model=returned is model, params=params, expected=_named_groups(replicas))
 
 
 def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
@@ -155,7 +170,7 @@ def _optimizer(name: str, params: Any) -> torch.optim.Optimizer:
 
 def training(
     impl: Implementation, replicas: int, seed: int, optimizer: str, steps: int, fields: dict[str, Any], tied: bool
-) -> dict[str, Any]:
+) -> Trained:
     """Train ``steps`` steps sharded and, beside it, one process on the whole batch; both models' final parameters.
 
     Also the parameters whose replicas differ under HSDP
@@ -178,12 +193,12 @@ def training(
             _loss(reference, tokens[step], targets[step]).backward()
             reference_opt.step()
             reference_opt.zero_grad()
-        return {
-            "params": [cpu_copy(p) for p in model.parameters()],
-            "expected": [p.detach().clone() for p in reference.parameters()],
-            "replicas_differ": _replicas_differ(model),
-            "tied": lm.head.weight is lm.embed.weight,
-        }
+        return Trained(
+            params=[cpu_copy(p) for p in model.parameters()],
+            expected=[p.detach().clone() for p in reference.parameters()],
+            replicas_differ=_replicas_differ(model),
+            tied=lm.head.weight is lm.embed.weight,
+        )
 
 
 def tied_in_a_layer_list(impl: Implementation, seed: int) -> str:
@@ -198,7 +213,7 @@ def tied_in_a_layer_list(impl: Implementation, seed: int) -> str:
         return ""
 
 
-def functional_layout(impl: Implementation, seed: int) -> dict[str, Any]:
+def functional_layout(impl: Implementation, seed: int) -> FunctionalLayout:
     """Shard through ``fsdp2_strategy_parallelize(model, mesh, mp_policy=MixedPrecisionPolicy())`` alone.
 
     Its own defaults otherwise (upstream's: prefetch on, depths 1 forward and
@@ -219,7 +234,7 @@ def functional_layout(impl: Implementation, seed: int) -> dict[str, Any]:
         loss = _loss(model, _local(tokens[0]), _local(targets[0]))
         resharded = _resharded(model)
         loss.backward()
-        return {"prefetch": chains, "resharded": resharded}
+        return FunctionalLayout(prefetch=chains, resharded=resharded)
 
 
 def _replicas_differ(model: nn.Module) -> list[str]:
@@ -244,7 +259,7 @@ def _replicas_differ(model: nn.Module) -> list[str]:
     return differ
 
 
-def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[str, str] | None) -> dict[str, Any]:
+def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[str, str] | None) -> Dtypes:
     """Shard a float32 model with ``mp_policy``; the dtypes of compute, output, parameters, grads, Adam state, reduce.
 
     ``mp_policy`` None is the component's default policy.
@@ -264,17 +279,15 @@ def precision(impl: Implementation, replicas: int, seed: int, mp_policy: dict[st
             F.cross_entropy(logits.float(), _local(targets[0])).backward()
         optimizer.step()
         state = {str(v.dtype) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()}
-        return {
-            "compute": seen.get("weight", "?").removeprefix("torch."),
-            "output": str(logits.dtype).removeprefix("torch."),
-            "layer_input": seen.get("layer_input", "?").removeprefix("torch."),
-            "params": sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}),
-            "grads": sorted(
-                {str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None}
-            ),
-            "state": sorted(s.removeprefix("torch.") for s in state),
-            "reductions": reduced,
-        }
+        return Dtypes(
+            compute=seen.get("weight", "?").removeprefix("torch."),
+            output=str(logits.dtype).removeprefix("torch."),
+            layer_input=seen.get("layer_input", "?").removeprefix("torch."),
+            params=sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}),
+            grads=sorted({str(p.grad.dtype).removeprefix("torch.") for p in model.parameters() if p.grad is not None}),
+            state=sorted(s.removeprefix("torch.") for s in state),
+            reductions=reduced,
+        )
 
 
 def resharding(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str, bool]:
@@ -288,18 +301,16 @@ def resharding(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[
         return found
 
 
-def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> dict[str, Any]:
+def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> Accumulation:
     """Accumulate ``micro`` micro-batches through ``get_sync_ctx``, deferred and not; what each mode did.
 
-    Per mode (``"deferred"``, ``"eager"``): the gradient reductions the
-    backend ran over all micro-batches (one profiler session), how many
-    parameters held a (reduced, sharded) gradient after each micro-batch,
-    and the final full gradients. ``"expected"``: one process's gradients of
-    the same micro-batches, summed.
+    Per mode (deferred, eager): the gradient reductions the backend ran over all micro-batches (one profiler
+    session), how many parameters held a (reduced, sharded) gradient after each micro-batch, and the final full
+    gradients; beside them one process's gradients of the same micro-batches, summed.
     """
     get_sync_ctx = sync_ctx(impl)
     tokens, targets = _tokens(seed, micro)
-    found: dict[str, Any] = {}
+    found: dict[str, SyncRun] = {}
     with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64)
         for mode, defer in (("deferred", True), ("eager", False)):
@@ -313,19 +324,16 @@ def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> 
             resume = getattr(model, "set_requires_gradient_sync", None)
             if resume is not None:
                 resume(True)  # as the next step's first micro-batch would find it
-            found[mode] = {
-                "reductions": len(reduced),
-                "held": held,
-                "grads": [grad_copy(p, p.grad) for p in model.parameters()],
-            }
+            found[mode] = SyncRun(
+                reductions=len(reduced), held=held, grads=[grad_copy(p, p.grad) for p in model.parameters()]
+            )
         for index in range(micro):
             _loss(reference, tokens[index], targets[index]).backward()
-        found["expected"] = [p.grad for p in reference.parameters()]
-        found["params"] = len(found["expected"])
-    return found
+        expected = [p.grad for p in reference.parameters()]
+    return Accumulation(deferred=found["deferred"], eager=found["eager"], expected=expected, params=len(expected))
 
 
-def state_dicts(impl: Implementation, replicas: int, seed: int) -> dict[str, Any]:
+def state_dicts(impl: Implementation, replicas: int, seed: int) -> StateDicts:
     """A trained model's full and sharded state dicts, and the sharded one loaded into another sharded model.
 
     Model A (seed ``seed``) trains one SGD step; torch's
@@ -351,13 +359,13 @@ def state_dicts(impl: Implementation, replicas: int, seed: int) -> dict[str, Any
         sharded = get_model_state_dict(first)
         second = parallelize(impl, tiny_lm(seed + 1, torch.float64).to(device()), mesh(replicas), {"mp_policy": {}})
         set_model_state_dict(second, sharded)
-        return {
-            "keys": sorted(whole),
-            "expected_keys": sorted(unsharded.state_dict()),
-            "whole": {key: cpu_copy(value) for key, value in whole.items() if isinstance(value, torch.Tensor)},
-            "first": {name: cpu_copy(p) for name, p in first.named_parameters()},
-            "second": {name: cpu_copy(p) for name, p in second.named_parameters()},
-        }
+        return StateDicts(
+            keys=sorted(whole),
+            expected_keys=sorted(unsharded.state_dict()),
+            whole={key: cpu_copy(value) for key, value in whole.items() if isinstance(value, torch.Tensor)},
+            first={name: cpu_copy(p) for name, p in first.named_parameters()},
+            second={name: cpu_copy(p) for name, p in second.named_parameters()},
+        )
 
 
 def _state(unit: nn.Module) -> Any:
@@ -395,7 +403,7 @@ def _chains(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     return sorted(chains)
 
 
-def offload(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str, Any]:
+def offload(impl: Implementation, seed: int, fields: dict[str, Any]) -> Offload:
     """Shard with ``fields``; each unit's offload policy (its type's name) and where the sharded parameters live."""
     with own_fsdp_internals():
         model = parallelize(impl, tiny_lm(seed, torch.float64).to(device()), mesh(1), {"mp_policy": {}, **fields})
@@ -405,10 +413,10 @@ def offload(impl: Implementation, seed: int, fields: dict[str, Any]) -> dict[str
             if group is not None:
                 policies[name] = type(group.offload_policy).__name__
         devices = sorted({_local_part(p).device.type for p in model.parameters()})
-        return {"policies": policies, "devices": devices}
+        return Offload(policies=policies, devices=devices)
 
 
-def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str) -> dict[str, Any]:
+def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str) -> Checkpointing:
     """One step with checkpointing ``mode`` and ``scope``; per block, its block run; the grads.
 
     A block run (:func:`~nemo_dist.conformance.suites.ddp.op_ranks.observe_blocks`):
@@ -417,7 +425,7 @@ def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str)
     gradients are the expected ones).
     """
     with own_fsdp_internals():
-        found: dict[str, Any] = {}
+        found: dict[str, StepRun] = {}
         for run, fields in (
             ("plain", {}),
             ("checkpointed", {"activation_checkpointing": mode, "activation_checkpointing_scope": scope}),
@@ -427,11 +435,8 @@ def checkpointing(impl: Implementation, seed: int, mode: bool | str, scope: str)
             model = parallelize(impl, lm, mesh(1), {"mp_policy": {}, **fields})
             tokens, targets = _tokens(seed, 1)
             runs = observe_blocks(parts, functools.partial(_loss, model, _local(tokens[0]), _local(targets[0])))
-            found[run] = {
-                "runs": runs,
-                "grads": [grad_copy(p, p.grad) for p in model.parameters()],
-            }
-        return found
+            found[run] = StepRun(runs=runs, grads=[grad_copy(p, p.grad) for p in model.parameters()])
+        return Checkpointing(plain=found["plain"], checkpointed=found["checkpointed"])
 
 
 def warm_up() -> None:
