@@ -123,6 +123,8 @@ _NORMALISE = [
     (re.compile(r"0x[0-9a-f]+"), "0xADDR"),
     (re.compile(r"pid \d+"), "pid N"),
     (re.compile(r"port \d+"), "port N"),
+    (re.compile(r"\bseed[= ](\d+)"), "seed=N"),  # the run's own seed, drawn anew each run (the examples are derandomized)
+    (re.compile(r"--seed \d+"), "--seed N"),
 ]
 
 
