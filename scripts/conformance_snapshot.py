@@ -4,13 +4,14 @@ Used to prove that a restructuring changes nothing for users: run it before and
 after, then ``diff -r BEFORE AFTER``. For each target (the bundled reference,
 upstream's release when installed, every fork under ``tests/forks/``, a set of
 bad command lines) it runs ``python -m nemo_dist.conformance`` in a subprocess
-with hypothesis derandomized (same examples every run) and writes the exit
+(with ``--seed N``: every run draws its examples from seed N, with no example
+database) and writes the exit
 status, stdout and stderr with timings, addresses and source line numbers
 replaced by placeholders. For the pytest mode it records the collected test ids
 of ``pytest conformance/`` and, for the reference at world size 2, each test's
 outcome.
 
-    python scripts/conformance_snapshot.py OUTDIR [--only SUBSTRING ...]
+    python scripts/conformance_snapshot.py OUTDIR [--seed N] [--only SUBSTRING ...]
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ _NORMALISE = [
     (re.compile(r"0x[0-9a-f]+"), "0xADDR"),
     (re.compile(r"pid \d+"), "pid N"),
     (re.compile(r"port \d+"), "port N"),
-    (re.compile(r"\bseed[= ](\d+)"), "seed=N"),  # the run's own seed, drawn anew each run (the examples are derandomized)
+    (re.compile(r"\bseed[= ](\d+)"), "seed=N"),  # a run's own seed, drawn anew each run unless --seed is given
     (re.compile(r"--seed \d+"), "--seed N"),
 ]
 
@@ -141,10 +142,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def snapshot_command(name: str, args: list[str], out: Path) -> None:
-    """Run the command on ``args``; write NAME.txt with its status, stdout and stderr (normalised)."""
+def snapshot_command(name: str, args: list[str], out: Path, seed: int | None = None) -> None:
+    """Run the command on ``args`` (with ``--seed``, where given); write NAME.txt with its status, stdout and
+    stderr (normalised)."""
+    # No example database either: one replays the failing examples earlier runs saved.
+    seeded = [] if seed is None or name.startswith("usage_") else ["--seed", str(seed), "--hypothesis-db", "none"]
     done = subprocess.run(
-        [sys.executable, "-c", _LAUNCH, "-q", *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
+        [sys.executable, "-c", _LAUNCH, "-q", *args, *seeded], cwd=ROOT, env=_env(), capture_output=True, text=True,
         timeout=900, check=False,
     )
     text = (
@@ -200,6 +204,9 @@ def snapshot_pytest_outcomes(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="every command run draws from this seed (the command's own runs are random, drawn from "
+                        "a seed of their own each run: two snapshots compare example for example only with one)")
     parser.add_argument("--only", action="append", default=[],
                         help="only targets whose name contains this (repeatable: any of them)")
     args = parser.parse_args()
@@ -210,7 +217,7 @@ def main() -> None:
 
     for name, argv in targets().items():
         if wanted(name):
-            snapshot_command(name, argv, args.out)
+            snapshot_command(name, argv, args.out, args.seed)
     for name, argv in PYTEST_MODES.items():
         if wanted(name):
             snapshot_pytest(name, argv, args.out)
