@@ -6,7 +6,12 @@ parameter's name), ``norm`` and ``output``. Any part may be ``None`` (a stage
 without it): the embedding-less stage takes hidden states, the head-less one
 returns them. Every norm's weight starts away from 1 (a norm applied twice,
 or skipped, changes the numbers), and each block mixes the sequence causally
-(a running mean), so microbatches split on the sequence dim change them too.
+(a running sum over each position's count), so microbatches split on the sequence dim change them too.
+Every block takes the keyword input ``position_ids`` (``[batch, seq]``, as
+packed sequences give it): the count a position's running sum is divided by
+is its position plus one, so a block given other positions (a stage that
+never receives them runs with the default ``0..seq-1``) computes something
+else. Without the keyword the numbers are exactly those of the running mean.
 Nine layers by default: 2, 4, 6 or 8 stages split them unevenly.
 """
 
@@ -46,10 +51,14 @@ class Block(nn.Module):
         self.up = nn.Linear(dim, hidden)
         self.down = nn.Linear(hidden, dim)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """``h`` plus the block's update (``[batch, seq, dim]`` in and out)."""
+    def forward(self, h: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``h`` plus the block's update (``[batch, seq, dim]`` in and out): the running sum at each position divided
+        by ``position_ids + 1`` (``[batch, seq]``; default ``0..seq-1``: the running mean)."""
         x = self.norm(h)
-        steps = torch.arange(1, x.shape[1] + 1, dtype=x.dtype, device=x.device).view(1, -1, 1)
+        if position_ids is None:
+            steps = torch.arange(1, x.shape[1] + 1, dtype=x.dtype, device=x.device).view(1, -1, 1)
+        else:
+            steps = (position_ids + 1).to(x.dtype).unsqueeze(-1)
         h = h + self.mix(x.cumsum(dim=1) / steps)
         return h + self.down(torch.tanh(self.up(self.mlp_norm(h))))
 
@@ -67,10 +76,11 @@ class TinyPipelineLM(nn.Module):
         if tie:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids (or, without an embedding, hidden states) to logits (or, without a head, hidden states)."""
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (or, without an embedding, hidden states) to logits (or, without a head, hidden states);
+        ``position_ids`` reach every block (None: each block's default)."""
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         for layer in self.layers.values():
-            h = layer(h)
+            h = layer(h, position_ids=position_ids)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
