@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from nemo_dist.conformance.suites.pp.keywords import packed_positions
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
 
 
@@ -23,9 +24,15 @@ def test_the_default_positions_given_as_a_keyword_change_nothing() -> None:
     assert torch.equal(model(ids), model(ids, position_ids=torch.arange(6).expand(4, 6)))
 
 
+def test_packed_positions_restart_inside_every_row() -> None:
+    found = packed_positions(6, 6)
+    assert all(0 in row[1:].tolist() for row in found)
+    assert not any(torch.equal(row, torch.arange(6)) for row in found)
+
+
 def test_every_layer_computes_something_else_from_packed_positions() -> None:
     model = _model()
     hidden = torch.randn(4, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    packed = torch.tensor([[0, 1, 0, 1, 2, 3], [0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 0, 1], [0, 1, 0, 1, 2, 3]])
+    packed = packed_positions(4, 6)
     for layer in model.layers.values():
         assert not torch.allclose(layer(hidden), layer(hidden, position_ids=packed))

@@ -6,7 +6,7 @@ with the layers it does not hold deleted and the parts it does not hold set
 to None, one stage per rank, a single-stage torch schedule. Its flags break
 it the ways the public bug classes do: the loss's scaling, the split's
 arithmetic, a layer at a boundary held twice, a stage's output detached, the
-final norm applied twice.
+final norm applied twice, keyword inputs dropped by the stages after the first.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-__all__ = ["Detached", "manual"]
+__all__ = ["Detached", "HiddenStatesOnly", "manual"]
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -36,6 +36,21 @@ class Detached(nn.Module):
         return self.inner(x).detach()
 
 
+class HiddenStatesOnly(nn.Module):
+    """A later stage's module written for hidden states alone: ``forward(hidden_states, **kwargs)`` runs the stage
+    on them and drops the keyword inputs its step hands it (they were meant for the first stage's embedding), so
+    its layers run with their default positions."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, hidden_states: torch.Tensor, **_kwargs: object) -> torch.Tensor:
+        """The inner stage on the hidden states alone."""
+        out: torch.Tensor = self.inner(hidden_states)
+        return out
+
+
 def _even_split(layers: int, stages: int) -> list[list[int]]:
     """torchtitan's split: ``ceil(layers / stages)`` a stage, the last stage the rest."""
     size = -(-layers // stages)
@@ -50,11 +65,12 @@ def _floor_split(layers: int, stages: int) -> list[list[int]]:
 
 def manual(model: nn.Module, pp_mesh: Any, n_microbatches: int, loss_fn: Loss, *, schedule: str = "1F1B",
            scale_grads: bool = True, floor_split: bool = False, detach: bool = False, overlap: bool = False,
-           norm_twice: bool = False) -> tuple[Any, list[Any]]:
+           norm_twice: bool = False, keywords_first_only: bool = False) -> tuple[Any, list[Any]]:
     """One stage per rank of ``model`` (tok_embeddings, layers, norm, output), as the module docstring says.
 
     ``overlap``: every stage after the first also holds (and runs) the layer before its own; ``norm_twice``:
-    the last stage applies the final norm twice."""
+    the last stage applies the final norm twice; ``keywords_first_only``: every stage after the first drops the
+    keyword inputs it is handed (:class:`HiddenStatesOnly`)."""
     rank, size = pp_mesh.get_local_rank(), pp_mesh.size()
     split = (_floor_split if floor_split else _even_split)(len(model.layers), size)[rank]
     if overlap and rank > 0:
@@ -71,6 +87,8 @@ def manual(model: nn.Module, pp_mesh: Any, n_microbatches: int, loss_fn: Loss, *
     elif norm_twice:
         stage.norm = nn.Sequential(stage.norm, stage.norm)
     module: nn.Module = Detached(stage) if detach and rank != size - 1 else stage
+    if keywords_first_only and rank > 0:
+        module = HiddenStatesOnly(module)
     built = PipelineStage(module, rank, size, torch.device("cpu"), group=pp_mesh.get_group())
     cls = ScheduleGPipe if schedule == "GPipe" else Schedule1F1B
     return cls(built, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads), [built]

@@ -2,8 +2,8 @@
 zeroed and divided after the schedule's step). Each is called as ``fn(schedule, stages, inputs, labels, losses)``
 on every rank with the whole batch, as upstream's recipe holds it:
 
-- ``upstream_loop``: zero, ``schedule.step``, every gradient divided by the batch's label tokens (upstream's
-  contract). Correct.
+- ``upstream_loop``: zero, ``schedule.step`` (the batch's keyword inputs, packed ``position_ids``, passed on to it),
+  every gradient divided by the batch's label tokens (upstream's contract). Correct.
 - ``never_zeroes``: the same without zeroing: the second step's gradients pile onto the first's.
 - ``divides_by_microbatch_tokens``: divided by one microbatch's share of the label tokens (the count taken from
   the microbatch, not the batch, as a gradient-accumulation loop rescaling at each microbatch does): M times
@@ -20,9 +20,10 @@ from nemo_dist.distributed.pipeline_parallel import count_label_tokens, scale_gr
 
 
 def _step(schedule: Any, stages: list[Any], inputs: torch.Tensor, labels: torch.Tensor,
-          losses: list[torch.Tensor]) -> None:
+          losses: list[torch.Tensor], **keywords: torch.Tensor) -> None:
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    schedule.step(*((inputs,) if first else ()), target=labels if last else None, losses=losses if last else None)
+    schedule.step(*((inputs,) if first else ()), target=labels if last else None, losses=losses if last else None,
+                  **keywords)
 
 
 def _zero(stages: list[Any]) -> None:
@@ -31,10 +32,10 @@ def _zero(stages: list[Any]) -> None:
 
 
 def upstream_loop(schedule: Any, stages: list[Any], inputs: torch.Tensor, labels: torch.Tensor,
-                  losses: list[torch.Tensor]) -> None:
-    """Zero, step, divide by the batch's label tokens."""
+                  losses: list[torch.Tensor], **keywords: torch.Tensor) -> None:
+    """Zero, step (the keyword inputs passed on, on every rank), divide by the batch's label tokens."""
     _zero(stages)
-    _step(schedule, stages, inputs, labels, losses)
+    _step(schedule, stages, inputs, labels, losses, **keywords)
     scale_grads_by_tokens(stages, count_label_tokens(labels))
 
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from nemo_dist.conformance.engine.registry import check
 
-__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "NEVER_ZEROED", "NORM_TWICE", "TIED_NOT_SUMMED",
-           "cause_of", "exact_factor", "pp_check"]
+__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "KEYWORDS_FIRST_STAGE_ONLY", "NEVER_ZEROED", "NORM_TWICE",
+           "TIED_NOT_SUMMED", "cause_of", "exact_factor", "pp_check"]
 
 #: An exact factor's name -> the likely cause of gradients (or a loss) that many times one process's.
 FACTORS = {
@@ -61,6 +61,13 @@ NEVER_ZEROED = (
     "the gradients are never zeroed between steps: every gradient of the second step is one process's plus "
     "{c:.6g} times the first step's (left in .grad, added to, and scaled again by whatever the loop does after the "
     "step)"
+)
+#: The cause of a loss and gradients that equal one process's whose layers after the first stage ignore the positions.
+KEYWORDS_FIRST_STAGE_ONLY = (
+    "keyword inputs reach only the first stage: the loss and every gradient equal one process's with the "
+    "position_ids given to the first stage's layers ({layers}) and the other layers running with their default "
+    "positions (a later stage's forward that drops the keyword inputs its step hands it, or a step given them on "
+    "the first stage's rank only; Megatron-LM #752's class)"
 )
 #: The cause of parameters of the model that two stages hold.
 DUPLICATED = "{layers} held by two stages: a layer at a stage boundary held (and run) twice"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Difference", "NormTwice", "PipelineRun"]
+__all__ = ["Difference", "KeywordRun", "NormTwice", "PipelineRun", "StageKeywords"]
 
 #: ``(max |got - want|, max(1, max |want|), got's least-squares multiple of want, what that multiple leaves)``:
 #: :func:`~.ranks.difference`.
@@ -54,3 +54,38 @@ class PipelineRun:
     carried: tuple[float, float] | None = None
     params: dict[str, Difference | None] = field(default_factory=dict)
     steps: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StageKeywords:
+    """One stage of the pipeline as every rank sees it (gathered): its ``index``, whether its module's forward
+    takes the keyword input (``takes``), that forward's ``signature``, and the ``layers`` it holds (``layers.3``)."""
+
+    index: int
+    takes: bool
+    signature: str
+    layers: tuple[str, ...]
+
+
+@dataclass
+class KeywordRun:
+    """One rank's step of the target's pipeline given packed ``position_ids`` as keyword inputs, beside one process
+    given the same (:func:`~.keywords.run`).
+
+    ``stages``: every stage of the pipeline (all ranks', gathered), in index order; ``model_takes``: whether the
+    model's own forward takes the keyword (the one process needs it); ``stepped``: whether the step ran (not
+    where a stage or the model takes no such keyword). ``loss``: ``(got, one process's)`` where this rank's last
+    stage reports one; ``grads``: each held parameter's gradient against one process's, by ``(stage index,
+    label)``; ``first_only``: the same against one process whose layers outside the first stage ran with their
+    default positions (``first_only_loss`` its loss), on the suite's own model only; ``tolerance``: the relative
+    one of the compute dtype.
+    """
+
+    stages: list[StageKeywords]
+    model_takes: bool
+    tolerance: float
+    stepped: bool = False
+    loss: tuple[float, float] | None = None
+    grads: dict[tuple[int, str], Difference | None] = field(default_factory=dict)
+    first_only: dict[tuple[int, str], Difference | None] | None = None
+    first_only_loss: float | None = None

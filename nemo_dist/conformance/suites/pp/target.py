@@ -12,7 +12,7 @@ declared convention (``--pp-loss``): a microbatch's mean cross entropy
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,7 +24,8 @@ from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.suites.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
 from nemo_dist.conformance.suites.pp.models import VOCAB, TinyPipelineLM
 
-__all__ = ["CONVENTIONS", "IGNORE", "SCHEDULES", "loss_fn", "pipeline", "schedules", "token_sum", "validate"]
+__all__ = ["CONVENTIONS", "IGNORE", "KEYWORD", "SCHEDULES", "loss_fn", "pipeline", "schedules", "takes_keyword",
+           "token_sum", "validate"]
 
 #: ``--pp-loss``'s values.
 CONVENTIONS = ("mean", "token_sum")
@@ -37,6 +38,20 @@ DTYPES = ("float64", "float32")
 FLOAT64_TOLERANCE = 1e-12
 #: The label value the losses ignore (torch's cross entropy default).
 IGNORE = -100
+#: The keyword input the keyword check passes to ``schedule.step`` (packed sequences' positions).
+KEYWORD = "position_ids"
+
+
+def takes_keyword(fn: Any, name: str = KEYWORD) -> bool:
+    """Whether ``fn`` can be called with keyword ``name``: a parameter of that name (not positional-only) or a
+    ``**kwargs``; True where its signature cannot be read (calling it is then the only test)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind != p.POSITIONAL_ONLY) for p in parameters)
 
 
 def token_sum(impl: Implementation) -> bool:
@@ -111,19 +126,22 @@ def pipeline(impl: Implementation, model: torch.nn.Module, mesh: Any, microbatch
 
 
 def train_step(impl: Implementation, made: Any, stages: list[Any], ids: torch.Tensor, labels: torch.Tensor,
-               losses: list[torch.Tensor]) -> None:
+               losses: list[torch.Tensor], keywords: Mapping[str, torch.Tensor] | None = None) -> None:
     """One step's forward and backward on the whole batch (every rank holds it): ``--pp-step``'s function, else
     the suite's: gradients zeroed, the schedule's step (inputs where the rank holds the first stage, labels and
-    ``losses`` where it holds the last), and under ``token_sum`` every gradient divided by the label tokens."""
+    ``losses`` where it holds the last, ``keywords`` on every rank: torch hands a step's keyword inputs to each
+    stage of that rank), and under ``token_sum`` every gradient divided by the label tokens. ``--pp-step``'s
+    function gets ``keywords`` as keyword arguments."""
     declared = impl.suite_option("pp_step")
     if declared is not None:
-        resolve_callable(declared)(made, stages, ids, labels, losses)
+        resolve_callable(declared)(made, stages, ids, labels, losses, **(keywords or {}))
         return
     params = [p for stage in stages for p in stage.submod.parameters()]
     for param in params:
         param.grad = None
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    made.step(*((ids,) if first else ()), target=labels if last else None, losses=losses if last else None)
+    made.step(*((ids,) if first else ()), target=labels if last else None, losses=losses if last else None,
+              **(keywords or {}))
     if token_sum(impl):
         tokens = int((labels != IGNORE).sum().item())
         for param in params:
