@@ -47,7 +47,7 @@ class Implementation:
     pickles as its values.
     """
 
-    __slots__ = ("suite_options",)
+    __slots__ = ("_given", "suite_options")
     #: The values given, as ``(field, value)`` pairs in the declared fields' order.
     suite_options: tuple[tuple[str, Any], ...]
 
@@ -62,6 +62,7 @@ class Implementation:
         order = {f: i for i, f in enumerate(declared_fields())}
         pairs = tuple(sorted(values.items(), key=lambda item: order.get(item[0], len(order))))
         object.__setattr__(self, "suite_options", pairs)
+        object.__setattr__(self, "_given", dict(pairs))  # read on every attribute: built once
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name == "suite_options" or name not in declared_defaults():
@@ -75,7 +76,7 @@ class Implementation:
         return (_rebuilt, (self.suite_options,))
 
     def _held(self) -> tuple[tuple[str, Any], ...]:
-        given = dict(self.suite_options)
+        given = self._given
         return (*((f, given.get(f, d)) for f, d in declared_defaults().items()),
                 *sorted((f, repr(v)) for f, v in given.items() if f not in declared_defaults()))
 
@@ -90,7 +91,7 @@ class Implementation:
 
     def suite_option(self, field: str, default: Any = None) -> Any:
         """The value field ``field`` was given here (``default`` when it was not)."""
-        return dict(self.suite_options).get(field, default)
+        return self._given.get(field, default)
 
     def value(self, field: str) -> Any:
         """What field ``field`` holds: the value given, else its declared default (None for an undeclared one)."""
