@@ -30,7 +30,16 @@ from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import Difference, KeywordRun, StageKeywords
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
-from nemo_dist.conformance.suites.pp.ranks import BUILDING, SEED, _gradient, _held, _label, _mesh, batch, difference
+from nemo_dist.conformance.suites.pp.ranks import (
+    BUILDING,
+    SEED,
+    batch,
+    difference,
+    gradient_difference,
+    held_parameters,
+    parameter_label,
+    pp_mesh,
+)
 
 __all__ = ["BUILDING", "packed_positions", "run"]
 
@@ -67,8 +76,8 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> KeywordRun:
     reference = dict(one.named_parameters())
     where = BUILDING
     try:
-        made, stages = target.pipeline(impl, model, _mesh(), microbatches, spec.get("schedule"))
-        held = _held(stages, reference)
+        made, stages = target.pipeline(impl, model, pp_mesh(), microbatches, spec.get("schedule"))
+        held = held_parameters(stages, reference)
         mine = [StageKeywords(int(s.stage_index), target.takes_keyword(s.submod.forward),
                               _signature(s.submod.forward), _layers(held, int(s.stage_index))) for s in stages]
         where = "gathering every rank's stages"
@@ -91,7 +100,8 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> KeywordRun:
             got = torch.stack([loss.detach() for loss in losses]).sum().item()
             tokens = int((labels != target.IGNORE).sum().item())
             report.loss = (got / tokens if summed else got / len(losses), want.item())
-        report.grads = {(i, _label(i, n, k)): _gradient(p, reference.get(k or "")) for i, n, k, p in held}
+        report.grads = {(i, parameter_label(i, n, k)): gradient_difference(p, reference.get(k or ""))
+                        for i, n, k, p in held}
         if first_only is not None:
             grads, loss = _first_stage_only(first_only, every[0].layers, ids, labels, positions, held)
             report.first_only, report.first_only_loss = grads, loss if report.loss is not None else None
@@ -138,7 +148,8 @@ def _first_stage_only(
     loss = _loss(model, ids, labels, positions)
     loss.backward()
     variant = dict(model.named_parameters())
-    return {(i, _label(i, n, k)): _variant_gradient(p, variant.get(k or "")) for i, n, k, p in held}, loss.item()
+    grads = {(i, parameter_label(i, n, k)): _variant_gradient(p, variant.get(k or "")) for i, n, k, p in held}
+    return grads, loss.item()
 
 
 def _variant_gradient(param: Any, reference: Any) -> Difference | None:

@@ -31,7 +31,17 @@ from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import NormTwice, PipelineRun
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
 
-__all__ = ["BUILDING", "SEED", "batch", "difference", "run"]
+__all__ = [
+    "BUILDING",
+    "SEED",
+    "batch",
+    "difference",
+    "gradient_difference",
+    "held_parameters",
+    "parameter_label",
+    "pp_mesh",
+    "run",
+]
 
 SEED = 23
 _SEQ = 6
@@ -71,7 +81,8 @@ def _digest(tensor: torch.Tensor) -> str:
     return hashlib.sha1(tensor.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
-def _mesh() -> Any:
+def pp_mesh() -> Any:
+    """The ``("pp",)`` CPU ``DeviceMesh`` over the whole world the target is given, made once per world."""
     from torch.distributed.device_mesh import init_device_mesh
 
     key = (dist.get_world_size(), id(dist.group.WORLD))
@@ -80,7 +91,9 @@ def _mesh() -> Any:
     return _MESHES[key]
 
 
-def _held(stages: list[Any], reference: dict[str, torch.nn.Parameter]) -> list[tuple[int, str, str | None, Any]]:
+def held_parameters(
+    stages: list[Any], reference: dict[str, torch.nn.Parameter]
+) -> list[tuple[int, str, str | None, Any]]:
     """``(stage index, name in the stage, the model's name or None, parameter)`` of every parameter held."""
     by_value = {_digest(p): name for name, p in reference.items()}
     found = []
@@ -111,8 +124,8 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
     tied = _tied_names(one)
     where = BUILDING
     try:
-        made, stages = target.pipeline(impl, model, _mesh(), microbatches, spec.get("schedule"))
-        held = _held(stages, reference)
+        made, stages = target.pipeline(impl, model, pp_mesh(), microbatches, spec.get("schedule"))
+        held = held_parameters(stages, reference)
         last = any(s.is_last for s in stages)
         ids, labels = batch(microbatches, summed, vocab)
         tokens = int((labels != target.IGNORE).sum().item())
@@ -140,7 +153,8 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
                 if last and losses:
                     got = torch.stack([loss.detach() for loss in losses]).sum().item()
                     report.loss = (got / tokens if summed else got / len(losses), want.item())
-                report.grads = {_label(i, n, k, tied): _gradient(p, reference.get(k or "")) for i, n, k, p in held}
+                report.grads = {parameter_label(i, n, k, tied): gradient_difference(p, reference.get(k or ""))
+                                for i, n, k, p in held}
                 report.copies = [(i, k, None if p.grad is None else p.grad.detach().tolist())
                                  for i, _, k, p in held if k in tied]
                 report.want_copies = {k: _grad_of(reference[k]).tolist() for k in tied}
@@ -149,7 +163,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
             where = f"in optimizer step {step + 1} ({kind})"
             for optimizer in optimizers[kind]:
                 optimizer.step()
-        report.params = {_label(i, n, k, tied): difference(p.detach(), reference[k].detach()) if k else None
+        report.params = {parameter_label(i, n, k, tied): difference(p.detach(), reference[k].detach()) if k else None
                          for i, n, k, p in held}
         report.steps = steps
         return report
@@ -178,7 +192,7 @@ def _norm_twice(one: TinyPipelineLM, ids: torch.Tensor, labels: torch.Tensor,
     loss = F.cross_entropy(target.logits(model(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
     loss.backward()
     variant = dict(model.named_parameters())
-    grads = {_label(i, n, k): difference(_grad_of(p), _grad_of(variant[k])) for i, n, k, p in held
+    grads = {parameter_label(i, n, k): difference(_grad_of(p), _grad_of(variant[k])) for i, n, k, p in held
              if k and k in variant}
     return NormTwice(loss=loss.item() if report.loss is not None else None, grads=grads)
 
@@ -200,7 +214,7 @@ def _carried(
     return c, residual
 
 
-def _label(index: int, name: str, known: str | None, tied: frozenset[str] = frozenset()) -> str:
+def parameter_label(index: int, name: str, known: str | None, tied: frozenset[str] = frozenset()) -> str:
     """A held parameter's name in reports: the model's name (with its stage where the model ties it: each stage
     may hold a copy), else the stage's own name marked unknown."""
     if known is None:
@@ -221,7 +235,7 @@ def _tied_names(model: torch.nn.Module) -> frozenset[str]:
     return frozenset(names[0] for names in seen.values() if len(names) > 1)
 
 
-def _gradient(param: Any, reference: Any) -> tuple[float, float, float, float] | None:
+def gradient_difference(param: Any, reference: Any) -> tuple[float, float, float, float] | None:
     """:func:`difference` of the gradients; None where the parameter got none and one process's is nonzero."""
     if reference is None:
         return None
