@@ -60,11 +60,6 @@ _DEFAULTED = tuple(t for t in SUITE_TARGETS.values() if t.module_field in t.defa
 _KEYWORDS = frozenset(f for t in SUITE_TARGETS.values() for f in (*t.fields, *t.settings, *t.options))
 
 
-def _hook(spec: str) -> Callable[..., Any]:
-    """A declaration's ``"module:function"`` hook (its module is loaded once; a suite's options module by file)."""
-    return resolve_callable(spec)
-
-
 def resolve_implementation(
     *, preset: str | None = None, suite_options: Mapping[str, Any] | None = None, **fields: Any
 ) -> tuple[Implementation, tuple[str, ...]]:
@@ -88,7 +83,7 @@ def resolve_implementation(
     named: list[str] = []
     for target in SUITE_TARGETS.values():
         own = {f: v for f, v in given.items() if f in target.option_fields}
-        held.update(_hook(target.resolve)(own) if target.resolve else own)
+        held.update(resolve_callable(target.resolve)(own) if target.resolve else own)
         if any(f in given for f in target.fields):
             named.append(target.component)
     companions = _companions(held)
@@ -155,7 +150,7 @@ def validate_implementation(impl: Implementation, components: Sequence[str] = CO
         if target.module_field and impl.value(target.module_field) is not None and (checked or not target.standalone):
             _validate_module(target, impl.value(target.module_field))
         if checked and target.validate is not None:
-            _hook(target.validate)(impl)
+            resolve_callable(target.validate)(impl)
 
 
 def _validate_module(target: SuiteTarget, path: str) -> None:

@@ -50,6 +50,7 @@ __all__ = [
     "gradients_equal_one_process",
     "loss_equals_one_process",
     "matrix",
+    "refused_alike",
     "stages_hold_every_parameter_once",
     "tied_weights_summed_or_refused",
     "trains_like_one_process",
@@ -101,8 +102,8 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[Pip
             runs.append((where, found))
             continue
         first = raised[0][1]
-        same = {(r.where, r.error) for _, r in raised} == {(ranks.BUILDING, first.error)}
-        if len(raised) == world.size and same and microbatches < 2 * world.size and _about_microbatches(first):
+        alike = refused_alike(raised, world.size)
+        if alike is not None and microbatches < 2 * world.size and _about_microbatches(alike):
             refused.append(f"{where}: {first.error}")
             continue
         if len({(r.where, r.error) for _, r in raised}) == 1:
@@ -118,14 +119,21 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[Pip
     return runs
 
 
+def refused_alike(raised: list[tuple[int, Raised]], size: int) -> Raised | None:
+    """What every one of ``size`` ranks raised alike while building the pipeline (one error on every rank), else
+    None."""
+    first = raised[0][1] if raised else None
+    if first is not None and len(raised) == size and {(r.where, r.error) for _, r in raised} == {
+        (ranks.BUILDING, first.error)
+    }:
+        return first
+    return None
+
+
 def _about_microbatches(report: Raised) -> bool:
     """Whether a target's error refuses a microbatch count (torch's say "microbatches"): any other error is a
     failure, whatever the count."""
     return "microbatch" in report.error.lower()
-
-
-def _close(pair: Any, tolerance: float) -> bool:
-    return pair is not None and pair[0] <= tolerance * pair[1]
 
 
 def _sizes(report: PipelineRun) -> dict[str, float]:
@@ -196,7 +204,7 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
                     raise failure(message, DETACHED.format(stages=", ".join(map(str, whole))))
                 raise AssertionError(message)
             wrong = {name: pair for name, pair in grads.items()
-                     if pair is not None and not _close(pair, report.tolerance)}
+                     if pair is not None and not ranks.within(pair, report.tolerance)}
             if not wrong:
                 continue
             lines = "\n".join(f"  {name}: off by {pair[0]:.3g} ({pair[2]:.6g} times one process's)"
@@ -218,7 +226,7 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
         for rank, report in enumerate(found):
             allowed = max(PARAMETER_TOLERANCE, report.tolerance)
             wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report.params.items()
-                     if pair is not None and not _close(pair, allowed)]
+                     if pair is not None and not ranks.within(pair, allowed)]
             if not wrong:
                 continue
             message = (f"{where}, rank {rank}: after {' and '.join(report.steps)} steps the parameters differ from "
@@ -235,7 +243,7 @@ def _norm_twice_explains(found: list[PipelineRun]) -> bool:
     """Whether every rank's gradients equal one process's with the final norm applied twice (the suite's model)."""
     variants = [f.norm_twice for f in found if f.norm_twice is not None]
     return len(variants) == len(found) and all(v.grads for v in variants) and all(
-        _close(pair, f.tolerance) for f, v in zip(found, variants, strict=True) for pair in v.grads.values())
+        ranks.within(pair, f.tolerance) for f, v in zip(found, variants, strict=True) for pair in v.grads.values())
 
 
 def _float64(values: Any) -> torch.Tensor:
@@ -279,6 +287,6 @@ def tied_weights_summed_or_refused(world: WorldLike, impl: Implementation) -> No
     for rank, report in enumerate(found):
         allowed = max(PARAMETER_TOLERANCE, tolerance)
         drifted = [f"{label} off by {pair[0]:.3g}" for label, pair in report.params.items()
-                   if "copy" in label and pair is not None and not _close(pair, allowed)]
+                   if "copy" in label and pair is not None and not ranks.within(pair, allowed)]
         assert not drifted, f"{where}, rank {rank}: after the steps the tied copies differ from one process's: " + (
             ", ".join(drifted))

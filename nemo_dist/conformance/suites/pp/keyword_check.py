@@ -13,20 +13,18 @@ same positions (:mod:`.keywords`).
 
 from __future__ import annotations
 
-from nemo_dist.conformance.adapters.target_raised import Raised, run_reports, split_reports
+from nemo_dist.conformance.adapters.target_raised import run_reports, split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.engine.registry import WorldLike, failure
 from nemo_dist.conformance.suites.pp import keywords, target
 from nemo_dist.conformance.suites.pp.causes import KEYWORDS_FIRST_STAGE_ONLY, pp_check
-from nemo_dist.conformance.suites.pp.messages import Difference, KeywordRun
+from nemo_dist.conformance.suites.pp.checks import refused_alike
+from nemo_dist.conformance.suites.pp.messages import KeywordRun
+from nemo_dist.conformance.suites.pp.ranks import within
 
 __all__ = ["keyword_inputs_reach_every_stage"]
-
-
-def _close(pair: Difference | None, tolerance: float) -> bool:
-    return pair is not None and pair[0] <= tolerance * pair[1]
 
 
 def _stage_list(indices: list[int]) -> str:
@@ -61,7 +59,8 @@ def keyword_inputs_reach_every_stage(world: WorldLike, impl: Implementation) -> 
                  f"{target.KEYWORD} as keyword inputs")
         spec = {"microbatches": microbatches, "schedule": schedule}
         raised, found = split_reports(run_reports(world, keywords.run, impl, spec))
-        refused = _refused(raised, world.size)
+        alike = refused_alike(raised, world.size)
+        refused = None if alike is None else alike.error
         if refused is None or "microbatch" not in refused.lower():
             break
     if refused is not None:
@@ -93,14 +92,6 @@ def keyword_inputs_reach_every_stage(world: WorldLike, impl: Implementation) -> 
     raise AssertionError(message)
 
 
-def _refused(raised: list[tuple[int, Raised]], size: int) -> str | None:
-    """The error every rank raised alike while building the pipeline, else None."""
-    found = {(r.where, r.error) for _, r in raised}
-    if len(raised) == size and len(found) == 1 and next(iter(found))[0] == keywords.BUILDING:
-        return raised[0][1].error
-    return None
-
-
 def _differences(found: list[KeywordRun]) -> list[str]:
     """One line per stage whose gradients differ from one process's (how many, the largest difference and where),
     and one for a loss that differs."""
@@ -115,7 +106,7 @@ def _differences(found: list[KeywordRun]) -> list[str]:
             mine = {label: pair for (i, label), pair in report.grads.items() if i == index}
             missing = [label for label, pair in mine.items() if pair is None]
             wrong = {label: pair for label, pair in mine.items() if pair is not None
-                     and not _close(pair, report.tolerance)}
+                     and not within(pair, report.tolerance)}
             if missing:
                 lines.append(f"  stage {index} (rank {rank}): no gradient for {', '.join(missing)}")
             if wrong:
@@ -131,7 +122,7 @@ def _first_stage_only_explains(found: list[KeywordRun]) -> bool:
     for report in found:
         if report.first_only is None or not report.first_only:
             return False
-        if not all(_close(pair, report.tolerance) for pair in report.first_only.values()):
+        if not all(within(pair, report.tolerance) for pair in report.first_only.values()):
             return False
         if report.loss is not None and (report.first_only_loss is None or abs(
                 report.loss[0] - report.first_only_loss) > report.tolerance * max(1.0, abs(report.first_only_loss))):

@@ -41,6 +41,7 @@ __all__ = [
     "parameter_label",
     "pp_mesh",
     "run",
+    "within",
 ]
 
 SEED = 23
@@ -63,6 +64,11 @@ def batch(microbatches: int, uneven: bool, vocab: int) -> tuple[torch.Tensor, to
         for m in range(1, microbatches):
             labels[m * _ROWS_PER_MICROBATCH:(m + 1) * _ROWS_PER_MICROBATCH, _SEQ - min(m, _SEQ - 1):] = target.IGNORE
     return ids, labels
+
+
+def within(pair: tuple[float, float, float, float] | None, tolerance: float) -> bool:
+    """Whether a :func:`difference` is within ``tolerance`` of its scale (None, a missing gradient: no)."""
+    return pair is not None and pair[0] <= tolerance * pair[1]
 
 
 def difference(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, float, float]:
