@@ -25,6 +25,15 @@ then the one-process token mean whatever the microbatches hold.
 Tied embeddings (a head sharing the embedding's weight) are refused with a
 ``ValueError`` on every rank, before any communication: the first and last
 stage would each hold a copy, and nothing here keeps the copies in sync.
+
+Composed with data parallelism as upstream composes them (``dp_mesh``): on a
+``("pp", "dp")`` mesh every stage is sharded with FSDP2 over its ``dp`` group
+before it becomes a ``PipelineStage`` (:func:`shard_stage`: each layer a unit
+of its own, then the stage's root, none resharded after forward, so the
+microbatches share one all-gather). FSDP2 averages the gradients over the
+``dp`` ranks when the schedule's last backward ends; each ``dp`` rank feeds
+its own rows, and the training loop divides by the label tokens of the whole
+batch (every ``dp`` rank's) over the ``dp`` size.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ __all__ = [
     "refuse_tied_embeddings",
     "scale_grads_by_tokens",
     "schedule_class",
+    "shard_stage",
     "split_layers",
     "stage_indices",
     "stage_module",
@@ -167,6 +177,21 @@ def stage_module(model: nn.Module, layers: range, *, first: bool, last: bool,
     return stage
 
 
+def shard_stage(module: nn.Module, dp_mesh: Any, layers_attr: str = LAYERS) -> nn.Module:
+    """``module`` (a stage) sharded in place with FSDP2 over ``dp_mesh`` (1-D), as upstream shards a pipeline
+    stage: each layer of its ``layers_attr`` a unit, then the stage's root (its other parts), none resharded after
+    forward. Returns the module (now an ``FSDPModule``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    if getattr(dp_mesh, "ndim", 1) != 1:
+        raise ValueError(f"dp_mesh must be a 1-D mesh over the data-parallel ranks; got {dp_mesh.ndim} dims")
+    blocks = getattr(module, layers_attr, None)
+    for block in blocks.values() if isinstance(blocks, nn.ModuleDict) else ():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
+    return module
+
+
 def build_pipeline(
     model: nn.Module,
     pp_mesh: Any,
@@ -174,6 +199,7 @@ def build_pipeline(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     *,
     schedule: str = "1F1B",
+    dp_mesh: Any = None,
     stages_per_rank: int | None = None,
     scale_grads: bool = False,
     first_parts: Sequence[str] = FIRST_PARTS,
@@ -187,11 +213,13 @@ def build_pipeline(
     (placed in a V for :data:`V_SCHEDULES`, round robin otherwise).
     ``scale_grads`` is False by upstream's contract (see the module
     docstring): ``loss_fn`` sums over label tokens and the caller divides the
-    gradients afterwards with :func:`scale_grads_by_tokens`. The model is
-    not changed; every rank must pass the same one (same seed). Raises
-    ``ValueError``, on every rank alike, for tied embeddings, an unknown
-    schedule, a mesh of more than one dim, fewer than one microbatch or
-    fewer layers than stages.
+    gradients afterwards with :func:`scale_grads_by_tokens`. ``dp_mesh``
+    (1-D, the ``dp`` dim of a ``("pp", "dp")`` mesh whose ``pp`` dim is
+    ``pp_mesh``): every stage is sharded over it with :func:`shard_stage`.
+    The model is not changed; every rank must pass the same one (same seed).
+    Raises ``ValueError``, on every rank alike, for tied embeddings, an
+    unknown schedule, a mesh of more than one dim, fewer than one microbatch
+    or fewer layers than stages.
     """
     from torch.distributed.pipelining import PipelineStage
 
@@ -201,6 +229,8 @@ def build_pipeline(
         raise ValueError(f"n_microbatches must be at least 1; got {n_microbatches}")
     if getattr(pp_mesh, "ndim", 1) != 1:
         raise ValueError(f"pp_mesh must be a 1-D mesh over the pipeline ranks; got {pp_mesh.ndim} dims")
+    if getattr(dp_mesh, "ndim", 1) != 1:
+        raise ValueError(f"dp_mesh must be a 1-D mesh over the data-parallel ranks; got {dp_mesh.ndim} dims")
     per_rank = stages_per_rank or (1 if name in _SINGLE else 2)
     if name in _SINGLE and per_rank != 1:
         raise ValueError(f"schedule {name} runs one stage per rank; got stages_per_rank={per_rank}")
@@ -214,6 +244,8 @@ def build_pipeline(
     for index in stage_indices(rank, pp_size, per_rank, "v" if name in V_SCHEDULES else "loop"):
         module = stage_module(model, splits[index], first=index == 0, last=index == total - 1,
                               first_parts=first_parts, last_parts=last_parts, layers_attr=layers_attr)
+        if dp_mesh is not None:
+            module = shard_stage(module, dp_mesh, layers_attr)
         stages.append(PipelineStage(module, index, total, device, group=pp_mesh.get_group()))
     made = cls(stages[0] if name in _SINGLE else stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
     return made, stages

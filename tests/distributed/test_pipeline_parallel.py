@@ -170,3 +170,56 @@ def _refused_tied() -> str:
 def test_tied_embeddings_are_refused_on_every_rank(world_factory: WorldFactory) -> None:
     found = world_factory(2).run(_refused_tied)
     assert all(text.startswith("tied embeddings are not supported by pipeline parallelism") for text in found), found
+
+
+def _composed_with_fsdp2(schedule: str) -> dict[str, Any]:
+    """pp 2 x dp 2: each dp rank steps its half of the rows, then the post-step division by the batch's label tokens
+    over the dp size; every full gradient against one process on every row."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    torch.manual_seed(5)
+    model = TinyPipelineLM().to(torch.float64)
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("pp", "dp"))
+    dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    made, stages = pp.build_pipeline(model, mesh["pp"], 4, pp.token_sum_loss, schedule=schedule, dp_mesh=mesh["dp"])
+    ids, labels = _batch(4 * dp)
+    mine = slice(dp_rank * 8, (dp_rank + 1) * 8)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    made.step(*((ids[mine],) if first else ()), target=labels[mine] if last else None)
+    pp.scale_grads_by_tokens(stages, pp.count_label_tokens(labels), dp)
+    F.cross_entropy(model(ids).flatten(0, 1), labels.flatten()).backward()
+    reference = dict(model.named_parameters())
+    grads = {name: (p.grad.full_tensor() - reference[name].grad).abs().max().item()
+             for s in stages for name, p in s.submod.named_parameters()}
+    units = sorted(path for s in stages for path, m in s.submod.named_modules() if isinstance(m, FSDPModule))
+    return {"grads": grads, "units": units}
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
+def test_composed_with_fsdp2_over_dp_every_gradient_equals_one_process(
+    schedule: str, world_factory: WorldFactory
+) -> None:
+    """pp 2 x dp 2, each stage sharded with FSDP2 over its dp group (a unit per layer, then the stage's root), label
+    tokens uneven over the microbatches: every full gradient within 1e-12 of one process's on every dp rank's rows."""
+    found = world_factory(4).run(_composed_with_fsdp2, schedule)
+    for rank, f in enumerate(found):
+        assert max(f["grads"].values()) <= TOLERANCE, (rank, f["grads"])
+        assert "" in f["units"], f["units"]
+        assert any(unit.startswith("layers.") for unit in f["units"]), f["units"]
+
+
+def _two_dim_dp_mesh() -> str:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    try:
+        pp.build_pipeline(TinyPipelineLM().to(torch.float64), mesh["pp"], 2, pp.token_sum_loss, dp_mesh=mesh)
+    except ValueError as exc:
+        return str(exc)
+    return "built"
+
+
+def test_a_dp_mesh_of_two_dims_is_refused_on_every_rank(world_factory: WorldFactory) -> None:
+    found = world_factory(4).run(_two_dim_dp_mesh)
+    assert all(text.startswith("dp_mesh must be a 1-D mesh over the data-parallel ranks") for text in found), found
