@@ -26,6 +26,7 @@ BUNDLED = "nemo_dist.distributed.pipeline_parallel:build_pipeline"
 HELD, LOSS = "pp.stages_hold_every_parameter_once", "pp.loss_equals_one_process"
 GRADIENTS, TRAINS = "pp.gradients_equal_one_process", "pp.trains_like_one_process"
 TIED, KEYWORDS = "pp.tied_weights_summed_or_refused", "pp.keyword_inputs_reach_every_stage"
+DP = "pp.data_parallel_trains_like_one_process"
 #: The core checks: what a row runs unless it says otherwise.
 CORE = frozenset({HELD, LOSS, GRADIENTS, TRAINS})
 #: Every pp check.
@@ -49,6 +50,8 @@ class Row:
     shows: str = ""
     #: The checks a correct row is not applicable to (each with a reason), among those it runs.
     not_applicable: frozenset[str] = frozenset()
+    #: The world the row runs in (4: pipelines of 2 composed with data parallelism over 2).
+    world: int = 2
 
 
 _M = "gradients 2 times one process's (the microbatch count)"
@@ -106,6 +109,32 @@ GALLERY: dict[str, Row] = {
     }),
 }
 
+_DP = frozenset({DP})
+_TOKEN_SUM = {"pp_loss": "token_sum", "pp_schedule": "1F1B"}
+#: Composed with data parallelism (FSDP2 inside each stage, as upstream composes them): pp 2 x dp 2, a world of 4.
+GALLERY.update({
+    "bundled_fsdp2": Row(BUNDLED, _TOKEN_SUM, only=_DP, world=4),
+    "torchtitan_fsdp2": Row(G + "torchtitan:pipeline", only=_DP, world=4),
+    "step_upstream_loop_fsdp2": Row(BUNDLED, {**_TOKEN_SUM, "pp_step": G + "steps:upstream_loop"}, only=_DP,
+                                    world=4),
+    # torch's tracer takes no dp_mesh; a step function that names none cannot count every dp rank's label tokens.
+    "tracer_fsdp2": Row(G + "tracer:pipeline", only=_DP, not_applicable=_DP, world=4),
+    "step_without_dp_mesh": Row(BUNDLED, {**_TOKEN_SUM, "pp_step": G + "steps:never_zeroes"}, only=_DP,
+                                not_applicable=_DP, world=4),
+    "fsdp2_root_divide_factor": Row(G + "fsdp2_root_divide_factor:pipeline", _TOKEN_SUM, {
+        DP: "the parameters of the FSDP2 units stage 0's root, stage 1's root (tok_embeddings.weight, norm.weight, "
+            "output.weight) are 2 times one process's and every "
+            "other unit's equal it",
+    }, only=_DP, world=4),
+    "step_divides_without_dp_size": Row(BUNDLED, {**_TOKEN_SUM, "pp_step": G + "steps:divides_without_dp_size"}, {
+        DP: "every gradient is 1/2 of one process's (one over the dp size)",
+    }, only=_DP, world=4),
+    "dp_mesh_ignored": Row(G + "dp_mesh_ignored:pipeline", _TOKEN_SUM, {
+        DP: "the gradients are never reduced over the dp ranks: each rank's equal one process's given that rank's "
+            "rows alone",
+    }, only=_DP, world=4),
+})
+
 _UPSTREAM = ("transformers", "nemo_automodel.components.distributed.pipelining")
 _AUTO = G + "autopipeline:"
 #: Upstream's AutoPipeline (nemo-automodel 0.7.0) on a tiny transformers Llama: it conforms in float32; in float64
@@ -136,7 +165,7 @@ _REPORTS: dict[str, tuple[Report, str]] = {}
 
 
 def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
-    """Row ``name``'s one report in this process: every pp check in a world of 2."""
+    """Row ``name``'s one report in this process: the pp checks it runs, in its world (of 2 unless it says)."""
     if name not in _REPORTS:
         row = GALLERY[name]
         for target in row.needs:
@@ -145,7 +174,8 @@ def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
         validate_implementation(impl, components)
         checks = [c for c in select_checks(load_checks().values(), impl, "all", None, components)
                   if c.name in row.only]
-        report = run_checks(checks, impl, (2,), worlds=world_factory, components=components, min_deadline=2.0)
+        report = run_checks(checks, impl, (row.world,), worlds=world_factory, components=components,
+                            min_deadline=2.0)
         _REPORTS[name] = (report, format_report(report))
     return _REPORTS[name]
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 
 from nemo_dist.conformance.suites.pp.causes import cause_of, exact_factor
+from nemo_dist.conformance.suites.pp.data_parallel_check import likely_cause
+from nemo_dist.conformance.suites.pp.messages import DataParallelRun
 
 SIZES = {"M": 4.0, "1/M": 0.25, "tokens": 48.0, "tokens/M": 12.0}
 
@@ -46,3 +48,38 @@ def test_the_cause_says_the_factor_and_what_it_is() -> None:
     assert cause_of("1/M", "gradients", SIZES).startswith(
         "gradients 1/4 of one process's (one over the microbatch count): averaged over the microbatches twice")
     assert cause_of("tokens", "the loss is", SIZES).startswith("the loss is 48 times one process's (the batch's")
+
+
+def _dp_run(grads: dict[str, tuple[float, float, float, float]], units: dict[str, str]) -> DataParallelRun:
+    return DataParallelRun(pp=2, dp=2, dp_rank=0, stages=[0], tolerance=1e-12, units=units,
+                           grads=dict(grads))
+
+
+_RIGHT, _TWICE = (0.0, 1.0, 1.0, 0.0), (1.0, 1.0, 2.0, 0.0)
+_UNITS = {"tok_embeddings.weight": "stage 0's root", "layers.0.w": "layers.0", "layers.0.b": "layers.0"}
+
+
+def test_a_dp_factor_on_exactly_some_units_names_those_units() -> None:
+    found = [_dp_run({"tok_embeddings.weight": _TWICE, "layers.0.w": _RIGHT, "layers.0.b": _RIGHT}, _UNITS)]
+    wrong = {0: {"tok_embeddings.weight": _TWICE}}
+    assert (likely_cause(found, wrong) or "").startswith("the parameters of the FSDP2 units stage 0's root "
+                                                   "(tok_embeddings.weight) are 2 times")
+
+
+@pytest.mark.parametrize("grads", [
+    {"tok_embeddings.weight": _TWICE, "layers.0.w": _TWICE, "layers.0.b": _RIGHT},  # a unit half off
+    {"tok_embeddings.weight": _TWICE, "layers.0.w": (1.0, 1.0, 1.5, 0.0), "layers.0.b": _RIGHT},  # two factors
+])
+def test_a_dp_factor_not_confined_to_whole_units_names_no_unit(
+    grads: dict[str, tuple[float, float, float, float]],
+) -> None:
+    found = [_dp_run(grads, _UNITS)]
+    wrong = {0: {label: pair for label, pair in grads.items() if pair != _RIGHT}}
+    assert likely_cause(found, wrong) is None
+
+
+def test_every_gradient_off_by_the_dp_size_names_the_factor_not_units() -> None:
+    grads = {"tok_embeddings.weight": _TWICE, "layers.0.w": _TWICE, "layers.0.b": _TWICE}
+    found = [_dp_run(grads, _UNITS)]
+    cause = likely_cause(found, {0: dict(grads)}) or ""
+    assert cause.startswith("every gradient is 2 times one process's (the dp size)"), cause

@@ -63,14 +63,29 @@ def _floor_split(layers: int, stages: int) -> list[list[int]]:
     return [list(range(i * size, (i + 1) * size)) for i in range(stages)]
 
 
+def _fully_shard(stage: nn.Module, dp_mesh: Any) -> None:
+    """torchtitan's FSDP2 of a pipeline stage: each block, the embedding, the final norm and head together, then
+    the stage, none resharded after forward (the microbatches share one all-gather)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in stage.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
+    if stage.tok_embeddings is not None:
+        fully_shard(stage.tok_embeddings, mesh=dp_mesh, reshard_after_forward=False)
+    if stage.output is not None:
+        fully_shard([stage.norm, stage.output], mesh=dp_mesh, reshard_after_forward=False)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=False)
+
+
 def manual(model: nn.Module, pp_mesh: Any, n_microbatches: int, loss_fn: Loss, *, schedule: str = "1F1B",
            scale_grads: bool = True, floor_split: bool = False, detach: bool = False, overlap: bool = False,
-           norm_twice: bool = False, keywords_first_only: bool = False) -> tuple[Any, list[Any]]:
+           norm_twice: bool = False, keywords_first_only: bool = False, dp_mesh: Any = None) -> tuple[Any, list[Any]]:
     """One stage per rank of ``model`` (tok_embeddings, layers, norm, output), as the module docstring says.
 
     ``overlap``: every stage after the first also holds (and runs) the layer before its own; ``norm_twice``:
     the last stage applies the final norm twice; ``keywords_first_only``: every stage after the first drops the
-    keyword inputs it is handed (:class:`HiddenStatesOnly`)."""
+    keyword inputs it is handed (:class:`HiddenStatesOnly`); ``dp_mesh``: the stage sharded over it with FSDP2 as
+    torchtitan shards one."""
     rank, size = pp_mesh.get_local_rank(), pp_mesh.size()
     split = (_floor_split if floor_split else _even_split)(len(model.layers), size)[rank]
     if overlap and rank > 0:
@@ -86,6 +101,8 @@ def manual(model: nn.Module, pp_mesh: Any, n_microbatches: int, loss_fn: Loss, *
         stage.output = None
     elif norm_twice:
         stage.norm = nn.Sequential(stage.norm, stage.norm)
+    if dp_mesh is not None:
+        _fully_shard(stage, dp_mesh)
     module: nn.Module = Detached(stage) if detach and rank != size - 1 else stage
     if keywords_first_only and rank > 0:
         module = HiddenStatesOnly(module)

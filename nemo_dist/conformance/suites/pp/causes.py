@@ -15,10 +15,24 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal
 
-from nemo_dist.conformance.engine.registry import check
+from nemo_dist.conformance.engine.registry import WorldRule, check
 
-__all__ = ["DETACHED", "DROPPED", "DUPLICATED", "FACTORS", "KEYWORDS_FIRST_STAGE_ONLY", "NEVER_ZEROED", "NORM_TWICE",
-           "TIED_NOT_SUMMED", "cause_of", "exact_factor", "pp_check"]
+__all__ = [
+    "DETACHED",
+    "DP_FACTORS",
+    "DP_UNITS",
+    "DROPPED",
+    "DUPLICATED",
+    "FACTORS",
+    "KEYWORDS_FIRST_STAGE_ONLY",
+    "NEVER_REDUCED",
+    "NEVER_ZEROED",
+    "NORM_TWICE",
+    "TIED_NOT_SUMMED",
+    "cause_of",
+    "exact_factor",
+    "pp_check",
+]
 
 #: An exact factor's name -> the likely cause of gradients (or a loss) that many times one process's.
 FACTORS = {
@@ -35,6 +49,28 @@ FACTORS = {
                 "averaged over the microbatches instead of divided by the label tokens",
 }
 
+#: Composed with data parallelism: an exact factor's name -> the likely cause of every gradient that many times one
+#: process's.
+DP_FACTORS = {
+    "dp": "every gradient is {factor:g} times one process's (the dp size): summed over the dp ranks where they "
+          "should be averaged (an FSDP2 gradient divide factor of 1, or the label tokens divided by the dp size "
+          "once more than FSDP2's average needs)",
+    "1/dp": "every gradient is 1/{inverse:g} of one process's (one over the dp size): divided by the dp size once "
+            "too often (FSDP2 already averages over the dp ranks, so the step divides by the batch's label tokens "
+            "over the dp size; dividing by all of them, or a divide factor of the whole world, divides twice)",
+}
+#: The cause of the gradients of some FSDP2 units (and only those) a dp factor off.
+DP_UNITS = (
+    "the parameters of the FSDP2 units {units} ({names}) are {factor:g} times one process's and every other unit's "
+    "equal it: "
+    "those units reduce over the dp ranks with another divide factor than the rest (set_gradient_divide_factor "
+    "sets only the unit it is called on: a factor set on a stage's root does not reach its layers' units)"
+)
+#: The cause of gradients that equal one process's given a dp rank's rows alone.
+NEVER_REDUCED = (
+    "the gradients are never reduced over the dp ranks: each rank's equal one process's given that rank's rows "
+    "alone (the stages not sharded or replicated over dp_mesh, or its reduction skipped)"
+)
 #: The cause of a stage whose parameters get no gradient.
 DETACHED = (
     "the parameters of stage {stages} get no gradient while one process's are nonzero: the stage's output "
@@ -99,11 +135,14 @@ def cause_of(name: str, what: str, sizes: dict[str, float]) -> str:
     return FACTORS[name].format(what=what, factor=factor, inverse=1 / factor if factor else 0)
 
 
-def pp_check(name: str, *, tier: Literal["core", "extended"] = "core") -> Callable[[Callable[..., None]], Any]:
+def pp_check(name: str, *, tier: Literal["core", "extended"] = "core",
+             rule: WorldRule | None = None) -> Callable[[Callable[..., None]], Any]:
     """Register check ``pp.NAME``: worlds of 2 ranks or more, its whole matrix of schedules and microbatch counts
-    in the run's smallest such world, a sample in the others."""
+    in the run's smallest such world, a sample in the others; with ``rule``, once, in the smallest world that
+    fits it."""
 
     def register(run: Callable[..., None]) -> Any:
-        return check(name, tier=tier, component="pp", min_world=2, sampled=True, preload=_PRELOAD)(run)
+        return check(name, tier=tier, component="pp", min_world=2, sampled=rule is None, once=rule is not None,
+                     rule=rule, preload=_PRELOAD)(run)
 
     return register

@@ -50,6 +50,7 @@ __all__ = [
     "gradients_equal_one_process",
     "loss_equals_one_process",
     "matrix",
+    "raised_message",
     "refused_alike",
     "stages_hold_every_parameter_once",
     "tied_weights_summed_or_refused",
@@ -106,17 +107,23 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[Pip
         if alike is not None and microbatches < 2 * world.size and _about_microbatches(alike):
             refused.append(f"{where}: {first.error}")
             continue
-        if len({(r.where, r.error) for _, r in raised}) == 1:
-            ranks_text = "every rank" if len(raised) == world.size else "rank" + (
-                "s " if len(raised) > 1 else " ") + ", ".join(str(rank) for rank, _ in raised)
-            errors = f"{ranks_text} {first.where}: {first.error}"
-        else:
-            errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
-        raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}\n"
-                             f"{first.traceback}")
+        raise AssertionError(raised_message(where, raised, world.size))
     if not runs:
         raise NotApplicable("the pipeline refuses every microbatch count checked: " + "; ".join(refused))
     return runs
+
+
+def raised_message(where: str, raised: list[tuple[int, Raised]], size: int) -> str:
+    """A failure's message for a pipeline that raised on some of ``size`` ranks: which ranks, where and what (once
+    where they raised alike), then the first one's traceback."""
+    first = raised[0][1]
+    if len({(r.where, r.error) for _, r in raised}) == 1:
+        ranks_text = "every rank" if len(raised) == size else "rank" + (
+            "s " if len(raised) > 1 else " ") + ", ".join(str(rank) for rank, _ in raised)
+        errors = f"{ranks_text} {first.where}: {first.error}"
+    else:
+        errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
+    return f"{where}: the pipeline raised on {len(raised)} of {size} ranks: {errors}\n{first.traceback}"
 
 
 def refused_alike(raised: list[tuple[int, Raised]], size: int) -> Raised | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Difference", "KeywordRun", "NormTwice", "PipelineRun", "StageKeywords"]
+__all__ = ["DataParallelRun", "Difference", "KeywordRun", "NormTwice", "PipelineRun", "StageKeywords"]
 
 #: ``(max |got - want|, max(1, max |want|), got's least-squares multiple of want, what that multiple leaves)``:
 #: :func:`~.ranks.difference`.
@@ -89,3 +89,28 @@ class KeywordRun:
     grads: dict[tuple[int, str], Difference | None] = field(default_factory=dict)
     first_only: dict[tuple[int, str], Difference | None] | None = None
     first_only_loss: float | None = None
+
+
+@dataclass
+class DataParallelRun:
+    """One rank's steps of the target's pipeline composed with data parallelism on a ``("pp", "dp")`` mesh, beside
+    one process given every ``dp`` rank's rows (:func:`~.data_parallel.run`).
+
+    ``pp`` and ``dp``: the mesh's sizes, ``dp_rank`` this rank's place on ``dp``, ``stages`` this rank's stage
+    indices; ``units``: each held parameter's label -> the FSDP2 unit managing it (``stage 0's root``,
+    ``layers.3``), empty where the stages hold no FSDP2 unit; ``tolerance``: the relative one of the compute dtype.
+    After the first step: ``grads`` (each held parameter's full gradient against one process's) and, only where
+    some differ, ``unreduced`` (the same against one process given this rank's rows alone, scaled as an unreduced
+    ``dp`` rank's would be). After the last: ``params`` and ``steps``, as :class:`PipelineRun`'s.
+    """
+
+    pp: int
+    dp: int
+    dp_rank: int
+    stages: list[int]
+    tolerance: float
+    units: dict[str, str] = field(default_factory=dict)
+    grads: dict[str, Difference | None] = field(default_factory=dict)
+    unreduced: dict[str, Difference | None] | None = None
+    params: dict[str, Difference | None] = field(default_factory=dict)
+    steps: list[str] = field(default_factory=list)

@@ -38,7 +38,8 @@ OPTIONS: tuple[Option, ...] = (
                         "stages)` (see [docs/pp.md](pp.md))"),
             Doc(_PP, "your pipeline: a function `(model, pp_mesh, n_microbatches, loss_fn) -> (schedule, stages)`, "
                      "`pp_mesh` a 1-D mesh named `(\"pp\",)` over the world, `stages` this rank's `PipelineStage` "
-                     "objects, `schedule` a torch schedule over them"),
+                     "objects, `schedule` a torch schedule over them; given `dp_mesh=` where it takes one, composed "
+                     "with data parallelism"),
         ),
     ),
     Option(
@@ -75,10 +76,12 @@ OPTIONS: tuple[Option, ...] = (
         doc_default="the suite's own: zero, step, and under `token_sum` divide by the batch's label tokens",
         help="your training loop's step, called on every rank with the whole batch as fn(schedule, stages, "
         "inputs, labels, losses): it zeroes, runs schedule.step and scales gradients as your loop does; the suite "
-        "then steps the optimizer (default: zero, step, and under token_sum divide by the label tokens)",
+        "then steps the optimizer (default: zero, step, and under token_sum divide by the label tokens); composed with "
+        "data parallelism it gets this rank's rows and dp_mesh=",
         docs=(Doc(_PP, "your training loop's step, called on every rank with the whole batch as `fn(schedule, "
                        "stages, inputs, labels, losses)`: it zeroes the gradients, runs `schedule.step` and scales "
-                       "the gradients as your loop does, and the suite then takes the optimizer step"),),
+                       "the gradients as your loop does, and the suite then takes the optimizer step; composed "
+                       "with data parallelism it gets this rank's rows and `dp_mesh=`"),),
     ),
     Option(
         "--pp-schedule", metavar="NAMES", kind="schedule names, comma-separated",

@@ -36,8 +36,11 @@ __all__ = [
     "SEED",
     "batch",
     "difference",
+    "full",
     "gradient_difference",
     "held_parameters",
+    "optimizer",
+    "parameter_differences",
     "parameter_label",
     "pp_mesh",
     "run",
@@ -83,6 +86,13 @@ def difference(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, flo
     return ((got - want).abs().max().item() if got.numel() else 0.0), scale, ratio, residual
 
 
+def full(tensor: Any) -> torch.Tensor:
+    """A tensor as one process holds it: a DTensor's full value (a collective over its mesh: every rank holding it
+    calls this in the same order), anything else itself, detached."""
+    found: torch.Tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return found.detach()
+
+
 def _digest(tensor: torch.Tensor) -> str:
     return hashlib.sha1(tensor.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
 
@@ -100,18 +110,21 @@ def pp_mesh() -> Any:
 def held_parameters(
     stages: list[Any], reference: dict[str, torch.nn.Parameter]
 ) -> list[tuple[int, str, str | None, Any]]:
-    """``(stage index, name in the stage, the model's name or None, parameter)`` of every parameter held."""
+    """``(stage index, name in the stage, the model's name or None, parameter)`` of every parameter held (a
+    sharded parameter read as its full value)."""
     by_value = {_digest(p): name for name, p in reference.items()}
     found = []
     for stage in stages:
         for name, param in stage.submod.named_parameters():
-            same = name in reference and reference[name].shape == param.shape and torch.equal(
-                reference[name].detach(), param.detach())
-            found.append((int(stage.stage_index), name, name if same else by_value.get(_digest(param)), param))
+            value = full(param)
+            same = name in reference and reference[name].shape == value.shape and torch.equal(
+                reference[name].detach(), value)
+            found.append((int(stage.stage_index), name, name if same else by_value.get(_digest(value)), param))
     return found
 
 
-def _optimizer(kind: str, params: list[Any]) -> torch.optim.Optimizer:
+def optimizer(kind: str, params: list[Any]) -> torch.optim.Optimizer:
+    """The suite's optimizer ``kind`` (``sgd``: lr 0.1; ``adam``: lr 0.01) over ``params``."""
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.1)
     return torch.optim.Adam(params, lr=0.01, foreach=False)
@@ -137,7 +150,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
         tokens = int((labels != target.IGNORE).sum().item())
         params = [param for *_, param in held]
         steps = [kind for kind, count in spec["steps"] for _ in range(count)]
-        optimizers = {kind: (_optimizer(kind, params), _optimizer(kind, list(reference.values())))
+        optimizers = {kind: (optimizer(kind, params), optimizer(kind, list(reference.values())))
                       for kind in set(steps)}
         report = PipelineRun(
             held=[(index, name, known) for index, name, known, _ in held], stages=[s.stage_index for s in stages],
@@ -167,10 +180,9 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
                 if isinstance(one, TinyPipelineLM) and one.norm is not None and _first_step_off(report):
                     report.norm_twice = _norm_twice(one, ids, labels, held, report)
             where = f"in optimizer step {step + 1} ({kind})"
-            for optimizer in optimizers[kind]:
-                optimizer.step()
-        report.params = {parameter_label(i, n, k, tied): difference(p.detach(), reference[k].detach()) if k else None
-                         for i, n, k, p in held}
+            for each in optimizers[kind]:
+                each.step()
+        report.params = parameter_differences(held, reference, tied)
         report.steps = steps
         return report
     except Exception as exc:  # the parent judges a raising target (checks.run_reports)
@@ -220,6 +232,14 @@ def _carried(
     return c, residual
 
 
+def parameter_differences(held: list[tuple[int, str, str | None, Any]], reference: dict[str, Any],
+                          tied: frozenset[str] = frozenset()) -> dict[str, tuple[float, float, float, float] | None]:
+    """Each held parameter (its full value) against one process's, by :func:`parameter_label`: :func:`difference`,
+    None where it is not a parameter of the model."""
+    return {parameter_label(i, n, k, tied): difference(full(p), reference[k].detach()) if k else None
+            for i, n, k, p in held}
+
+
 def parameter_label(index: int, name: str, known: str | None, tied: frozenset[str] = frozenset()) -> str:
     """A held parameter's name in reports: the model's name (with its stage where the model ties it: each stage
     may hold a copy), else the stage's own name marked unknown."""
@@ -248,4 +268,4 @@ def gradient_difference(param: Any, reference: Any) -> tuple[float, float, float
     want = reference.grad if reference.grad is not None else torch.zeros_like(reference)
     if param.grad is None:
         return None if bool(want.any()) else (0.0, 1.0, 1.0, 0.0)
-    return difference(param.grad.detach(), want.detach())
+    return difference(full(param.grad), want.detach())

@@ -42,16 +42,17 @@ IGNORE = -100
 KEYWORD = "position_ids"
 
 
-def takes_keyword(fn: Any, name: str = KEYWORD) -> bool:
-    """Whether ``fn`` can be called with keyword ``name``: a parameter of that name (not positional-only) or a
-    ``**kwargs``; True where its signature cannot be read (calling it is then the only test)."""
+def takes_keyword(fn: Any, name: str = KEYWORD, *, named: bool = False) -> bool:
+    """Whether ``fn`` can be called with keyword ``name``: a parameter of that name (not positional-only) or, unless
+    ``named``, a ``**kwargs``; True where its signature cannot be read (calling it is then the only test)."""
     import inspect
 
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return True
-    return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind != p.POSITIONAL_ONLY) for p in parameters)
+    return any((p.kind == p.VAR_KEYWORD and not named) or (p.name == name and p.kind != p.POSITIONAL_ONLY)
+               for p in parameters)
 
 
 def token_sum(impl: Implementation) -> bool:
@@ -112,9 +113,12 @@ def schedules(impl: Implementation) -> tuple[str | None, ...]:
 
 
 def pipeline(impl: Implementation, model: torch.nn.Module, mesh: Any, microbatches: int,
-             schedule: str | None) -> tuple[Any, list[Any]]:
-    """``(schedule, stages)`` from the target (``schedule=`` passed where a name is given); stages as a list."""
-    keywords = {"schedule": schedule} if schedule is not None else {}
+             schedule: str | None, dp_mesh: Any = None) -> tuple[Any, list[Any]]:
+    """``(schedule, stages)`` from the target (``schedule=`` passed where a name is given, ``dp_mesh=`` where one
+    is); stages as a list."""
+    keywords: dict[str, Any] = {"schedule": schedule} if schedule is not None else {}
+    if dp_mesh is not None:
+        keywords["dp_mesh"] = dp_mesh
     found = resolve_callable(impl.suite_option("pp_fn"))(model, mesh, microbatches, loss_fn(impl), **keywords)
     if not isinstance(found, (tuple, list)) or len(found) != 2:
         raise TypeError(f"the pipeline function returned {type(found).__name__}, not (schedule, stages)")
@@ -126,15 +130,18 @@ def pipeline(impl: Implementation, model: torch.nn.Module, mesh: Any, microbatch
 
 
 def train_step(impl: Implementation, made: Any, stages: list[Any], ids: torch.Tensor, labels: torch.Tensor,
-               losses: list[torch.Tensor], keywords: Mapping[str, torch.Tensor] | None = None) -> None:
-    """One step's forward and backward on the whole batch (every rank holds it): ``--pp-step``'s function, else
-    the suite's: gradients zeroed, the schedule's step (inputs where the rank holds the first stage, labels and
-    ``losses`` where it holds the last, ``keywords`` on every rank: torch hands a step's keyword inputs to each
-    stage of that rank), and under ``token_sum`` every gradient divided by the label tokens. ``--pp-step``'s
-    function gets ``keywords`` as keyword arguments."""
+               losses: list[torch.Tensor], keywords: Mapping[str, torch.Tensor] | None = None, *,
+               divisor: float | None = None, dp_mesh: Any = None) -> None:
+    """One step's forward and backward on the batch (every rank of a pipeline holds it): ``--pp-step``'s function,
+    else the suite's: gradients zeroed, the schedule's step (inputs where the rank holds the first stage, labels
+    and ``losses`` where it holds the last, ``keywords`` on every rank: torch hands a step's keyword inputs to
+    each stage of that rank), and under ``token_sum`` every gradient divided by ``divisor`` (default: the label
+    tokens of ``labels``). ``--pp-step``'s function gets ``keywords`` as keyword arguments, and ``dp_mesh=``
+    where one is given (composed with data parallelism: ``ids`` and ``labels`` are then this rank's rows)."""
     declared = impl.suite_option("pp_step")
     if declared is not None:
-        resolve_callable(declared)(made, stages, ids, labels, losses, **(keywords or {}))
+        extra = {} if dp_mesh is None else {"dp_mesh": dp_mesh}
+        resolve_callable(declared)(made, stages, ids, labels, losses, **(keywords or {}), **extra)
         return
     params = [p for stage in stages for p in stage.submod.parameters()]
     for param in params:
@@ -143,7 +150,7 @@ def train_step(impl: Implementation, made: Any, stages: list[Any], ids: torch.Te
     made.step(*((ids,) if first else ()), target=labels if last else None, losses=losses if last else None,
               **(keywords or {}))
     if token_sum(impl):
-        tokens = int((labels != IGNORE).sum().item())
+        tokens = divisor if divisor is not None else int((labels != IGNORE).sum().item())
         for param in params:
             if param.grad is not None:
                 param.grad.div_(tokens)
