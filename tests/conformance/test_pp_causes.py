@@ -1,10 +1,12 @@
-"""Layer 0 (no process group): the pp suite names a scaling cause only where a factor is exact.
+"""Layer 0 (no process group): the pp suite names a cause only where the numbers prove it.
 
 What the checks do in worlds is proven by ``test_gallery_pp.py``; here only
-the rule that turns the ranks' ``(ratio, residual)`` pairs into a cause: every
-wrong tensor exactly one factor (ratio within 1e-9, nothing left over), never
-a near miss, never a factor of 1, and float32's looser rounding where the
-run declares it.
+the rules that turn what the ranks reported into a cause: every wrong tensor
+exactly one factor (ratio within 1e-9, nothing left over), never a near miss,
+never a factor of 1, and float32's looser rounding where the run declares it;
+composed with data parallelism, a dp factor on exactly some whole FSDP2
+units; and a stage placement exactly one style where the schedule runs the
+other.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 from nemo_dist.conformance.suites.pp.causes import cause_of, exact_factor
 from nemo_dist.conformance.suites.pp.data_parallel_check import likely_cause
 from nemo_dist.conformance.suites.pp.messages import DataParallelRun
+from nemo_dist.conformance.suites.pp.placement import style_cause
 
 SIZES = {"M": 4.0, "1/M": 0.25, "tokens": 48.0, "tokens/M": 12.0}
 
@@ -83,3 +86,27 @@ def test_every_gradient_off_by_the_dp_size_names_the_factor_not_units() -> None:
     found = [_dp_run(grads, _UNITS)]
     cause = likely_cause(found, {0: dict(grads)}) or ""
     assert cause.startswith("every gradient is 2 times one process's (the dp size)"), cause
+
+
+def _held(layout: dict[int, int]) -> dict[int, list[int]]:
+    return {stage: [rank] for stage, rank in layout.items()}
+
+
+def _mapped(layout: dict[int, int]) -> dict[int, set[int]]:
+    return {stage: {rank} for stage, rank in layout.items()}
+
+
+_LOOP = {0: 0, 1: 1, 2: 0, 3: 1}  # pp 2, two stages a rank, round robin
+_V = {0: 0, 1: 1, 2: 1, 3: 0}  # pp 2, in a V
+
+
+def test_stages_placed_round_robin_where_the_schedule_runs_a_v_name_that_cause() -> None:
+    assert (style_cause(_held(_LOOP), _mapped(_V), 2) or "").startswith("the stages are placed round robin")
+
+
+def test_stages_placed_in_a_v_where_the_schedule_runs_round_robin_name_that_cause() -> None:
+    assert (style_cause(_held(_V), _mapped(_LOOP), 2) or "").startswith("the stages are placed in a V")
+
+
+def test_a_placement_that_is_neither_style_names_no_cause() -> None:
+    assert style_cause(_held({0: 0, 1: 0, 2: 1, 3: 1}), _mapped(_V), 2) is None

@@ -42,17 +42,24 @@ from nemo_dist.conformance.suites.pp.causes import (
     pp_check,
 )
 from nemo_dist.conformance.suites.pp.messages import PipelineRun
+from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
 
 __all__ = [
     "GRADIENT_TOLERANCE",
     "PARAMETER_TOLERANCE",
+    "describe",
     "each_run",
     "gradients_equal_one_process",
+    "judge_gradients",
+    "judge_held",
+    "judge_loss",
+    "judge_training",
     "loss_equals_one_process",
     "matrix",
     "raised_message",
     "refused_alike",
     "stages_hold_every_parameter_once",
+    "steps_of",
     "tied_weights_summed_or_refused",
     "trains_like_one_process",
 ]
@@ -68,7 +75,12 @@ MICROBATCHES = (1, 2, 4)
 #: The steps below float64: two SGD steps (Adam would magnify the dtype's roundoff on a small gradient).
 LOW_PRECISION_STEPS = (("sgd", 2),)
 
-def _describe(schedule: str | None, size: int, microbatches: int) -> str:
+def steps_of(impl: Implementation) -> tuple[tuple[str, int], ...]:
+    """The optimizer steps a run takes: :data:`STEPS` in float64, else :data:`LOW_PRECISION_STEPS`."""
+    return STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
+
+
+def describe(schedule: str | None, size: int, microbatches: int) -> str:
     return (f"{schedule or 'its own schedule'}, pp {size}, {microbatches} microbatch"
             f"{'es' if microbatches != 1 else ''}")
 
@@ -95,11 +107,11 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[Pip
     a target that raised is a failure naming its error and ranks; NotApplicable when every count is refused."""
     runs, refused = [], []
     for schedule, microbatches in matrix(world.size, impl):
-        where = _describe(schedule, world.size, microbatches)
-        steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
-        spec = {"microbatches": microbatches, "schedule": schedule, "steps": steps}
+        where = describe(schedule, world.size, microbatches)
+        spec = {"microbatches": microbatches, "schedule": schedule, "steps": steps_of(impl)}
         raised, found = split_reports(run_reports(world, impl, spec))
         if not raised:
+            fail_if_misplaced(where, found)
             runs.append((where, found))
             continue
         first = raised[0][1]
@@ -152,20 +164,25 @@ def _sizes(report: PipelineRun) -> dict[str, float]:
 def stages_hold_every_parameter_once(world: WorldLike, impl: Implementation) -> None:
     """The stages of all ranks together hold every parameter of the model exactly once, and nothing else."""
     for where, found in each_run(world, impl):
-        held: dict[str | None, list[str]] = {}
-        for rank, report in enumerate(found):
-            for index, name, known in report.held:
-                held.setdefault(known, []).append(f"stage {index} (rank {rank}) as {name}")
-        unknown = held.pop(None, [])
-        assert not unknown, f"{where}: stages hold parameters that are not the model's: {', '.join(unknown)}"
-        missing = [name for name in found[0].names if name not in held]
-        if missing:
-            raise failure(f"{where}: no stage holds {', '.join(missing)}", DROPPED.format(layers=_layers(missing)))
-        twice = {str(name): places for name, places in held.items() if len(places) > 1}
-        if twice:
-            lines = "\n".join(f"  {name}: {'; '.join(places)}" for name, places in twice.items())
-            raise failure(f"{where}: parameters held more than once:\n{lines}",
-                          DUPLICATED.format(layers=_layers(list(twice))))
+        judge_held(where, found)
+
+
+def judge_held(where: str, found: list[PipelineRun]) -> None:
+    """Fail where the ranks' stages together miss a parameter of the model, hold one twice or hold another."""
+    held: dict[str | None, list[str]] = {}
+    for rank, report in enumerate(found):
+        for index, name, known in report.held:
+            held.setdefault(known, []).append(f"stage {index} (rank {rank}) as {name}")
+    unknown = held.pop(None, [])
+    assert not unknown, f"{where}: stages hold parameters that are not the model's: {', '.join(unknown)}"
+    missing = [name for name in found[0].names if name not in held]
+    if missing:
+        raise failure(f"{where}: no stage holds {', '.join(missing)}", DROPPED.format(layers=_layers(missing)))
+    twice = {str(name): places for name, places in held.items() if len(places) > 1}
+    if twice:
+        lines = "\n".join(f"  {name}: {'; '.join(places)}" for name, places in twice.items())
+        raise failure(f"{where}: parameters held more than once:\n{lines}",
+                      DUPLICATED.format(layers=_layers(list(twice))))
 
 
 def _layers(names: list[str]) -> str:
@@ -179,19 +196,24 @@ def loss_equals_one_process(world: WorldLike, impl: Implementation) -> None:
     """The loss the last stage reports (microbatch means averaged, or token sums over the label tokens) equals one
     process's mean over the whole batch."""
     for where, found in each_run(world, impl):
-        reported = [(rank, r, r.loss) for rank, r in enumerate(found) if r.loss is not None]
-        assert reported, f"{where}: no rank reports a loss (the last stage's schedule.step filled no losses list)"
-        for rank, report, (got, want) in reported:
-            if abs(got - want) <= report.tolerance * max(1.0, abs(want)):
-                continue
-            message = f"{where}, rank {rank}: the loss is {got!r}, one process's {want!r}"
-            variant = report.norm_twice.loss if report.norm_twice is not None else None
-            if variant is not None and abs(got - variant) <= report.tolerance * max(1.0, abs(variant)):
-                raise failure(message, NORM_TWICE.format(what="the loss is"))
-            ratio = got / want if want else float("nan")
-            factor = exact_factor([(ratio, 0.0)], _sizes(report), report.tolerance)
-            raise failure(message, cause_of(factor, "the loss is", _sizes(report))) if factor else AssertionError(
-                message)
+        judge_loss(where, found)
+
+
+def judge_loss(where: str, found: list[PipelineRun]) -> None:
+    """Fail where the loss a rank's last stage reports differs from one process's (or no rank reports one)."""
+    reported = [(rank, r, r.loss) for rank, r in enumerate(found) if r.loss is not None]
+    assert reported, f"{where}: no rank reports a loss (the last stage's schedule.step filled no losses list)"
+    for rank, report, (got, want) in reported:
+        if abs(got - want) <= report.tolerance * max(1.0, abs(want)):
+            continue
+        message = f"{where}, rank {rank}: the loss is {got!r}, one process's {want!r}"
+        variant = report.norm_twice.loss if report.norm_twice is not None else None
+        if variant is not None and abs(got - variant) <= report.tolerance * max(1.0, abs(variant)):
+            raise failure(message, NORM_TWICE.format(what="the loss is"))
+        ratio = got / want if want else float("nan")
+        factor = exact_factor([(ratio, 0.0)], _sizes(report), report.tolerance)
+        raise failure(message, cause_of(factor, "the loss is", _sizes(report))) if factor else AssertionError(
+            message)
 
 
 @pp_check("pp.gradients_equal_one_process")
@@ -199,30 +221,35 @@ def gradients_equal_one_process(world: WorldLike, impl: Implementation) -> None:
     """Every parameter's gradient on the stage holding it equals one process's after a step of the schedule (under
     ``token_sum``, divided by the batch's label tokens)."""
     for where, found in each_run(world, impl):
-        for rank, report in enumerate(found):
-            grads = report.grads
-            missing = [name for name, pair in grads.items() if pair is None]
-            if missing:
-                stages = sorted({i for i, _, known in report.held if known in missing})
-                whole = [i for i in stages
-                         if all(k is None or grads.get(k) is None for j, _, k in report.held if j == i)]
-                message = f"{where}, rank {rank}: no gradient for {', '.join(missing)}"
-                if whole and whole == stages:
-                    raise failure(message, DETACHED.format(stages=", ".join(map(str, whole))))
-                raise AssertionError(message)
-            wrong = {name: pair for name, pair in grads.items()
-                     if pair is not None and not ranks.within(pair, report.tolerance)}
-            if not wrong:
-                continue
-            lines = "\n".join(f"  {name}: off by {pair[0]:.3g} ({pair[2]:.6g} times one process's)"
-                              for name, pair in wrong.items())
-            message = f"{where}, rank {rank}: gradients differ from one process's:\n{lines}"
-            if _norm_twice_explains(found):
-                raise failure(message, NORM_TWICE.format(what="every gradient is"))
-            factor = exact_factor([(pair[2], pair[3]) for pair in wrong.values()], _sizes(report), report.tolerance)
-            if factor:
-                raise failure(message, cause_of(factor, "gradients", _sizes(report)))
+        judge_gradients(where, found)
+
+
+def judge_gradients(where: str, found: list[PipelineRun]) -> None:
+    """Fail where some rank's first-step gradients differ from one process's (or some are missing)."""
+    for rank, report in enumerate(found):
+        grads = report.grads
+        missing = [name for name, pair in grads.items() if pair is None]
+        if missing:
+            stages = sorted({i for i, _, known in report.held if known in missing})
+            whole = [i for i in stages
+                     if all(k is None or grads.get(k) is None for j, _, k in report.held if j == i)]
+            message = f"{where}, rank {rank}: no gradient for {', '.join(missing)}"
+            if whole and whole == stages:
+                raise failure(message, DETACHED.format(stages=", ".join(map(str, whole))))
             raise AssertionError(message)
+        wrong = {name: pair for name, pair in grads.items()
+                 if pair is not None and not ranks.within(pair, report.tolerance)}
+        if not wrong:
+            continue
+        lines = "\n".join(f"  {name}: off by {pair[0]:.3g} ({pair[2]:.6g} times one process's)"
+                          for name, pair in wrong.items())
+        message = f"{where}, rank {rank}: gradients differ from one process's:\n{lines}"
+        if _norm_twice_explains(found):
+            raise failure(message, NORM_TWICE.format(what="every gradient is"))
+        factor = exact_factor([(pair[2], pair[3]) for pair in wrong.values()], _sizes(report), report.tolerance)
+        if factor:
+            raise failure(message, cause_of(factor, "gradients", _sizes(report)))
+        raise AssertionError(message)
 
 
 @pp_check("pp.trains_like_one_process")
@@ -230,20 +257,25 @@ def trains_like_one_process(world: WorldLike, impl: Implementation) -> None:
     """After an SGD and an Adam step through the schedule (two SGD steps below float64), every parameter equals one
     process's."""
     for where, found in each_run(world, impl):
-        for rank, report in enumerate(found):
-            allowed = max(PARAMETER_TOLERANCE, report.tolerance)
-            wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report.params.items()
-                     if pair is not None and not ranks.within(pair, allowed)]
-            if not wrong:
-                continue
-            message = (f"{where}, rank {rank}: after {' and '.join(report.steps)} steps the parameters differ from "
-                       "one process's:\n" + "\n".join(wrong))
-            if _norm_twice_explains(found):
-                raise failure(message, NORM_TWICE.format(what="every gradient of the first step is"))
-            carried = [f.carried for f in found if f.carried is not None]
-            if len(carried) == len(found) and all(abs(c) > 1e-9 and left <= report.tolerance for c, left in carried):
-                raise failure(message, NEVER_ZEROED.format(c=carried[0][0]))
-            raise AssertionError(message)
+        judge_training(where, found)
+
+
+def judge_training(where: str, found: list[PipelineRun]) -> None:
+    """Fail where some rank's parameters after the steps differ from one process's."""
+    for rank, report in enumerate(found):
+        allowed = max(PARAMETER_TOLERANCE, report.tolerance)
+        wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report.params.items()
+                 if pair is not None and not ranks.within(pair, allowed)]
+        if not wrong:
+            continue
+        message = (f"{where}, rank {rank}: after {' and '.join(report.steps)} steps the parameters differ from "
+                   "one process's:\n" + "\n".join(wrong))
+        if _norm_twice_explains(found):
+            raise failure(message, NORM_TWICE.format(what="every gradient of the first step is"))
+        carried = [f.carried for f in found if f.carried is not None]
+        if len(carried) == len(found) and all(abs(c) > 1e-9 and left <= report.tolerance for c, left in carried):
+            raise failure(message, NEVER_ZEROED.format(c=carried[0][0]))
+        raise AssertionError(message)
 
 
 def _norm_twice_explains(found: list[PipelineRun]) -> bool:
@@ -264,15 +296,15 @@ def tied_weights_summed_or_refused(world: WorldLike, impl: Implementation) -> No
     if impl.suite_option("pp_model") is not None:
         raise NotApplicable("checked on the suite's own model, tied; --pp-model names another")
     schedule = target.schedules(impl)[0]
-    where = _describe(schedule, world.size, world.size) + ", the head tied to the embedding"
-    steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
-    spec = {"microbatches": world.size, "schedule": schedule, "steps": steps, "tied": True}
+    where = describe(schedule, world.size, world.size) + ", the head tied to the embedding"
+    spec = {"microbatches": world.size, "schedule": schedule, "steps": steps_of(impl), "tied": True}
     raised, found = split_reports(run_reports(world, impl, spec))
     if raised:
         if len(raised) == world.size and all(r.where == ranks.BUILDING for _, r in raised):
             return  # refused on every rank before any step: what a pipeline that cannot keep copies in sync does
         errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
         raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}")
+    fail_if_misplaced(where, found)
     tolerance = found[0].tolerance
     copies = [(rank, index, name, grad) for rank, r in enumerate(found) for index, name, grad in r.copies]
     for name, want_list in found[0].want_copies.items():

@@ -30,8 +30,10 @@ from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import DataParallelRun, Difference
+from nemo_dist.conformance.suites.pp.placement import misplacement
 from nemo_dist.conformance.suites.pp.ranks import (
     BUILDING,
+    PLACING,
     SEED,
     batch,
     gradient_difference,
@@ -107,6 +109,10 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> DataParallelRun:
             tolerance=target.tolerance(impl),
             units={parameter_label(i, n, k): units[(i, n)] for i, n, k, _ in held if (i, n) in units},
         )
+        where = PLACING
+        report.misplaced = misplacement(stages, mesh["pp"].get_group())
+        if report.misplaced is not None:
+            return report
         params = [param for *_, param in held]
         steps = [kind for kind, count in spec["steps"] for _ in range(count)]
         optimizers = {kind: (optimizer(kind, params), optimizer(kind, list(reference.values())))

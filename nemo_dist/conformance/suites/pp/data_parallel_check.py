@@ -12,8 +12,6 @@ every ``dp`` rank's rows (:mod:`.data_parallel`).
 
 from __future__ import annotations
 
-import torch
-
 from nemo_dist.conformance.adapters.target_raised import run_reports, split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
@@ -21,8 +19,9 @@ from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.engine.registry import WorldLike, WorldRule, failure
 from nemo_dist.conformance.suites.pp import data_parallel, target
 from nemo_dist.conformance.suites.pp.causes import DP_FACTORS, DP_UNITS, NEVER_REDUCED, exact_factor, pp_check
-from nemo_dist.conformance.suites.pp.checks import LOW_PRECISION_STEPS, PARAMETER_TOLERANCE, STEPS, raised_message
+from nemo_dist.conformance.suites.pp.checks import PARAMETER_TOLERANCE, raised_message, steps_of
 from nemo_dist.conformance.suites.pp.messages import DataParallelRun, Difference
+from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
 from nemo_dist.conformance.suites.pp.ranks import within
 
 __all__ = ["PP_BY_DP", "data_parallel_trains_like_one_process", "likely_cause"]
@@ -61,14 +60,14 @@ def data_parallel_trains_like_one_process(world: WorldLike, impl: Implementation
     dp = world.size // data_parallel.PP
     where = (f"{schedule or 'its own schedule'}, pp {data_parallel.PP} x dp {dp}, {microbatches} microbatches a "
              "pipeline")
-    steps = STEPS if target.dtype(impl) == torch.float64 else LOW_PRECISION_STEPS
-    spec = {"microbatches": microbatches, "schedule": schedule, "steps": steps}
+    spec = {"microbatches": microbatches, "schedule": schedule, "steps": steps_of(impl)}
     raised, found = split_reports(run_reports(world, data_parallel.run, impl, spec))
     if raised:
         if len(raised) == world.size and len({(r.where, r.error) for _, r in raised}) == 1 and (
                 raised[0][1].where == data_parallel.BUILDING):
             raise NotApplicable(f"{where}: every rank refuses to build the composed pipeline: {raised[0][1].error}")
         raise AssertionError(raised_message(where, raised, world.size))
+    fail_if_misplaced(where, found)
     _judge_gradients(where, found)
     for rank, report in enumerate(found):
         allowed = max(PARAMETER_TOLERANCE, report.tolerance)

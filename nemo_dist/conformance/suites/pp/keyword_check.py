@@ -22,6 +22,7 @@ from nemo_dist.conformance.suites.pp import keywords, target
 from nemo_dist.conformance.suites.pp.causes import KEYWORDS_FIRST_STAGE_ONLY, pp_check
 from nemo_dist.conformance.suites.pp.checks import refused_alike
 from nemo_dist.conformance.suites.pp.messages import KeywordRun
+from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
 from nemo_dist.conformance.suites.pp.ranks import within
 
 __all__ = ["keyword_inputs_reach_every_stage"]
@@ -70,6 +71,7 @@ def keyword_inputs_reach_every_stage(world: WorldLike, impl: Implementation) -> 
         errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
         raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}\n"
                              f"{raised[0][1].traceback}")
+    fail_if_misplaced(where, found)
     stages = found[0].stages
     if not found[0].model_takes:
         raise NotApplicable(f"the model's forward takes no keyword {target.KEYWORD}")

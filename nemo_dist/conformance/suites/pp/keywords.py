@@ -30,8 +30,10 @@ from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import Difference, KeywordRun, StageKeywords
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
+from nemo_dist.conformance.suites.pp.placement import misplacement
 from nemo_dist.conformance.suites.pp.ranks import (
     BUILDING,
+    PLACING,
     SEED,
     batch,
     difference,
@@ -86,7 +88,9 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> KeywordRun:
         every = sorted((stage for found in gathered for stage in found), key=lambda stage: stage.index)
         report = KeywordRun(stages=every, model_takes=target.takes_keyword(one.forward),
                             tolerance=target.tolerance(impl))
-        if not report.model_takes or not all(stage.takes for stage in every):
+        where = PLACING
+        report.misplaced = misplacement(stages)
+        if report.misplaced is not None or not report.model_takes or not all(stage.takes for stage in every):
             return report
         ids, labels = batch(microbatches, summed, vocab)
         positions = packed_positions(*ids.shape)

@@ -9,11 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DataParallelRun", "Difference", "KeywordRun", "NormTwice", "PipelineRun", "StageKeywords"]
+__all__ = ["DataParallelRun", "Difference", "KeywordRun", "Misplacement", "NormTwice", "PipelineRun", "StageKeywords"]
 
 #: ``(max |got - want|, max(1, max |want|), got's least-squares multiple of want, what that multiple leaves)``:
 #: :func:`~.ranks.difference`.
 Difference = tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class Misplacement:
+    """Where a pipeline's stages are not where their stage maps run them, as every rank of it found alike before
+    any step (:func:`~.placement.misplacement`): ``what`` is wrong, stage by stage, and the ``cause`` the layout
+    proves (a placement exactly round robin where the maps run a V, or the reverse), else None."""
+
+    what: str
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -31,13 +41,14 @@ class PipelineRun:
 
     ``held``: ``(stage index, name in the stage, the model's name or None)`` of every parameter this rank's
     stages hold; ``stages``: their indices; ``microbatches`` and ``tokens`` (the batch's label tokens);
-    ``names``: the model's parameter names; ``tolerance``: the relative one of the compute dtype. After the
-    first step: ``loss`` (``(got, one process's)``, where this rank's last stage reports one), ``grads`` (by
-    label: each held parameter's gradient against one process's, None where it got none and one process's is
-    nonzero), ``copies`` and ``want_copies`` (the gradients of each stage's copy of a tied weight, and one
-    process's), ``norm_twice`` (only where the first step is off). After the second: ``carried`` (:func:`~.ranks.
-    _carried`). After the last: ``params`` (each held parameter against one process's, None where unknown) and
-    ``steps`` (the optimizers, in order).
+    ``names``: the model's parameter names; ``tolerance``: the relative one of the compute dtype;
+    ``misplaced``: where the stages are not where the schedule runs them (nothing is stepped then);
+    ``schedule``: the built schedule's class name. After the first step: ``loss`` (``(got, one process's)``,
+    where this rank's last stage reports one), ``grads`` (by label: each held parameter's gradient against one
+    process's, None where it got none and one process's is nonzero), ``copies`` and ``want_copies`` (the
+    gradients of each stage's copy of a tied weight, and one process's), ``norm_twice`` (only where the first
+    step is off). After the second: ``carried`` (:func:`~.ranks._carried`). After the last: ``params`` (each
+    held parameter against one process's, None where unknown) and ``steps`` (the optimizers, in order).
     """
 
     held: list[tuple[int, str, str | None]]
@@ -46,6 +57,8 @@ class PipelineRun:
     tokens: int
     names: list[str]
     tolerance: float
+    misplaced: Misplacement | None = None
+    schedule: str = ""
     loss: tuple[float, float] | None = None
     grads: dict[str, Difference | None] = field(default_factory=dict)
     copies: list[tuple[int, str | None, Any]] = field(default_factory=list)
@@ -85,6 +98,7 @@ class KeywordRun:
     model_takes: bool
     tolerance: float
     stepped: bool = False
+    misplaced: Misplacement | None = None
     loss: tuple[float, float] | None = None
     grads: dict[tuple[int, str], Difference | None] = field(default_factory=dict)
     first_only: dict[tuple[int, str], Difference | None] | None = None
@@ -110,6 +124,7 @@ class DataParallelRun:
     stages: list[int]
     tolerance: float
     units: dict[str, str] = field(default_factory=dict)
+    misplaced: Misplacement | None = None
     grads: dict[str, Difference | None] = field(default_factory=dict)
     unreduced: dict[str, Difference | None] | None = None
     params: dict[str, Difference | None] = field(default_factory=dict)

@@ -30,9 +30,11 @@ from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import NormTwice, PipelineRun
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
+from nemo_dist.conformance.suites.pp.placement import misplacement
 
 __all__ = [
     "BUILDING",
+    "PLACING",
     "SEED",
     "batch",
     "difference",
@@ -52,6 +54,8 @@ _SEQ = 6
 _ROWS_PER_MICROBATCH = 2
 #: Where a target that raised did so while building its pipeline (a refusal, when every rank raised there).
 BUILDING = "building the pipeline"
+#: Where a target that raised did so while its stages' placement was read (before any step).
+PLACING = "reading where its stages are"
 _RUNS: dict[Any, PipelineRun | TargetRaised] = {}
 _MESHES: dict[Any, Any] = {}
 
@@ -155,7 +159,12 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
         report = PipelineRun(
             held=[(index, name, known) for index, name, known, _ in held], stages=[s.stage_index for s in stages],
             microbatches=microbatches, tokens=tokens, names=list(reference), tolerance=target.tolerance(impl),
+            schedule=type(made).__name__,
         )
+        where = PLACING
+        report.misplaced = misplacement(stages)
+        if report.misplaced is not None:
+            return report
         first: dict[str, torch.Tensor] = {}
         for step, kind in enumerate(steps):
             where = f"in step {step + 1} (schedule.step)"
