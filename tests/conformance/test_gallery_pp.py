@@ -152,6 +152,10 @@ GALLERY.update({
     "autopipeline_virtual": Row(_AUTO + "pipeline", {"pp_model": _AUTO + "llama", "pp_compute_dtype": "float32",
                                                      "pp_loss": "token_sum"}, only=frozenset({VIRTUAL}),
                                 needs=_UPSTREAM),
+    # Composed with upstream's FSDP2 over upstream's 5-D mesh (its mixed precision pinned to float32).
+    "autopipeline_fsdp2": Row(_AUTO + "pipeline", {"pp_model": _AUTO + "llama", "pp_compute_dtype": "float32",
+                                                   "pp_loss": "token_sum", "pp_schedule": "1F1B"},
+                              only=_DP, needs=_UPSTREAM, world=4),
     "autopipeline_float64": Row(
         _AUTO + "pipeline", {"pp_model": _AUTO + "llama", "pp_loss": "token_sum"}, {HELD: None}, _UPSTREAM,
         frozenset({HELD}), "ValueError: inputs_embeds must be provided for pipeline stages without embed_tokens",
@@ -188,8 +192,8 @@ def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
 
 
 #: Rows the gate leaves to ``--thorough``: the float64 AutoPipeline leaves rank 0 stuck, and the world restarts;
-#: the packed and the virtual-stage AutoPipeline build upstream's pipeline again (seconds each).
-THOROUGH = frozenset({"autopipeline_float64", "autopipeline_packed", "autopipeline_virtual"})
+#: the packed, the virtual-stage and the FSDP2-composed AutoPipeline build upstream's pipeline again (seconds each).
+THOROUGH = frozenset({"autopipeline_float64", "autopipeline_packed", "autopipeline_virtual", "autopipeline_fsdp2"})
 
 
 def _params(names: list[str]) -> list[object]:
