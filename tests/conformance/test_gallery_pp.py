@@ -149,6 +149,8 @@ _AUTO = G + "autopipeline:"
 GALLERY.update({
     "autopipeline": Row(_AUTO + "pipeline", {"pp_model": _AUTO + "llama", "pp_compute_dtype": "float32",
                                              "pp_loss": "token_sum"}, needs=_UPSTREAM),
+    "autopipeline_qwen3": Row(_AUTO + "pipeline", {"pp_model": _AUTO + "qwen3", "pp_compute_dtype": "float32",
+                                                   "pp_loss": "token_sum"}, needs=_UPSTREAM),
     "autopipeline_virtual": Row(_AUTO + "pipeline", {"pp_model": _AUTO + "llama", "pp_compute_dtype": "float32",
                                                      "pp_loss": "token_sum"}, only=frozenset({VIRTUAL}),
                                 needs=_UPSTREAM),
@@ -192,8 +194,10 @@ def _report(name: str, world_factory: WorldFactory) -> tuple[Report, str]:
 
 
 #: Rows the gate leaves to ``--thorough``: the float64 AutoPipeline leaves rank 0 stuck, and the world restarts;
-#: the packed, the virtual-stage and the FSDP2-composed AutoPipeline build upstream's pipeline again (seconds each).
-THOROUGH = frozenset({"autopipeline_float64", "autopipeline_packed", "autopipeline_virtual", "autopipeline_fsdp2"})
+#: the Qwen3, packed, virtual-stage and FSDP2-composed AutoPipeline rows build upstream's pipeline again (seconds
+#: each; the Llama row proves it in the gate).
+THOROUGH = frozenset({"autopipeline_float64", "autopipeline_qwen3", "autopipeline_packed", "autopipeline_virtual",
+                      "autopipeline_fsdp2"})
 
 
 def _params(names: list[str]) -> list[object]:

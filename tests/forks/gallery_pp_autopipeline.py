@@ -7,7 +7,7 @@ upstream's FSDP2 to each stage over upstream's 5-D mesh.
 
 It runs in float32 only (``--pp-compute-dtype float32``): a later stage accepts an incoming hidden state only in
 float16, bfloat16 or float32, so in float64 rank 1 raises "inputs_embeds must be provided for pipeline stages
-without embed_tokens". It refuses tied embeddings on every rank (``tied_llama``).
+without embed_tokens". It refuses tied embeddings on every rank (``tied_llama``). ``qwen3`` is a tiny Qwen3.
 """
 
 from __future__ import annotations
@@ -80,3 +80,15 @@ def llama() -> Any:
 def tied_llama() -> Any:
     """The same Llama with its head tied to its embedding."""
     return _llama(True)
+
+
+def qwen3() -> Any:
+    """A tiny untied Qwen3 (its attention's q and k norms included): 9 layers, 16 tokens."""
+    import transformers
+
+    config = transformers.Qwen3Config(
+        vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=9, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=4, max_position_embeddings=32, tie_word_embeddings=False,
+    )
+    config._attn_implementation = "eager"
+    return transformers.Qwen3ForCausalLM(config)
