@@ -121,8 +121,10 @@ GALLERY.update({
     "torchtitan_fsdp2": Row(G + "torchtitan:pipeline", only=_DP, world=4),
     "step_upstream_loop_fsdp2": Row(BUNDLED, {**_TOKEN_SUM, "pp_step": G + "steps:upstream_loop"}, only=_DP,
                                     world=4),
-    # torch's tracer takes no dp_mesh; a step function that names none cannot count every dp rank's label tokens.
+    # torch's tracer takes no dp_mesh; a step function that names none cannot count every dp rank's label tokens;
+    # a function that refuses a dp_mesh on every rank says so.
     "tracer_fsdp2": Row(G + "tracer:pipeline", only=_DP, not_applicable=_DP, world=4),
+    "refuses_dp": Row(G + "refuses_dp:pipeline", _TOKEN_SUM, only=_DP, not_applicable=_DP, world=4),
     "step_without_dp_mesh": Row(BUNDLED, {**_TOKEN_SUM, "pp_step": G + "steps:never_zeroes"}, only=_DP,
                                 not_applicable=_DP, world=4),
     "fsdp2_root_divide_factor": Row(G + "fsdp2_root_divide_factor:pipeline", _TOKEN_SUM, {

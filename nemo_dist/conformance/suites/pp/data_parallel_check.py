@@ -19,7 +19,7 @@ from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.engine.registry import WorldLike, WorldRule, failure
 from nemo_dist.conformance.suites.pp import data_parallel, target
 from nemo_dist.conformance.suites.pp.causes import DP_FACTORS, DP_UNITS, NEVER_REDUCED, exact_factor, pp_check
-from nemo_dist.conformance.suites.pp.checks import PARAMETER_TOLERANCE, raised_message, steps_of
+from nemo_dist.conformance.suites.pp.checks import PARAMETER_TOLERANCE, raised_message, refused_alike, steps_of
 from nemo_dist.conformance.suites.pp.messages import DataParallelRun, Difference
 from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
 from nemo_dist.conformance.suites.pp.ranks import within
@@ -62,10 +62,9 @@ def data_parallel_trains_like_one_process(world: WorldLike, impl: Implementation
              "pipeline")
     spec = {"microbatches": microbatches, "schedule": schedule, "steps": steps_of(impl)}
     raised, found = split_reports(run_reports(world, data_parallel.run, impl, spec))
+    if (alike := refused_alike(raised, world.size)) is not None:
+        raise NotApplicable(f"{where}: every rank refuses to build the composed pipeline: {alike.error}")
     if raised:
-        if len(raised) == world.size and len({(r.where, r.error) for _, r in raised}) == 1 and (
-                raised[0][1].where == data_parallel.BUILDING):
-            raise NotApplicable(f"{where}: every rank refuses to build the composed pipeline: {raised[0][1].error}")
         raise AssertionError(raised_message(where, raised, world.size))
     fail_if_misplaced(where, found)
     _judge_gradients(where, found)
