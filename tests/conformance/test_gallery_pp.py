@@ -27,10 +27,11 @@ HELD, LOSS = "pp.stages_hold_every_parameter_once", "pp.loss_equals_one_process"
 GRADIENTS, TRAINS = "pp.gradients_equal_one_process", "pp.trains_like_one_process"
 TIED, KEYWORDS = "pp.tied_weights_summed_or_refused", "pp.keyword_inputs_reach_every_stage"
 DP, VIRTUAL = "pp.data_parallel_trains_like_one_process", "pp.virtual_stages_equal_one_process"
+ACCUMULATION = "pp.accumulated_steps_equal_one_process"
 #: The core checks: what a row runs unless it says otherwise.
 CORE = frozenset({HELD, LOSS, GRADIENTS, TRAINS})
 #: Every pp check of a world of 2.
-EVERY = CORE | {TIED, KEYWORDS, VIRTUAL}
+EVERY = CORE | {TIED, KEYWORDS, VIRTUAL, ACCUMULATION}
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ _TIED = "each stage's copy of the tied tok_embeddings.weight (stages 0, 1) gets 
 #: Row id -> row: correct pipelines, then broken ones.
 GALLERY: dict[str, Row] = {
     "bundled": Row(BUNDLED, {"pp_loss": "token_sum", "pp_schedule": "GPipe,1F1B,Interleaved1F1B"}, only=EVERY),
-    "tied_synced": Row(G + "tied_synced:pipeline", only=EVERY, not_applicable=frozenset({VIRTUAL})),
+    "tied_synced": Row(G + "tied_synced:pipeline", only=EVERY - {ACCUMULATION}, not_applicable=frozenset({VIRTUAL})),
     "torchtitan": Row(G + "torchtitan:pipeline", only=CORE | {KEYWORDS}),
     "tracer": Row(G + "tracer:pipeline"),
     # torch's tracer takes only what it traced (token ids): no stage takes a keyword input.
@@ -108,6 +109,12 @@ GALLERY: dict[str, Row] = {
         check: "the stages are placed round robin (rank r holds stages r, r + pp, ...) where the schedule runs them "
                "in a V" for check in (*CORE, VIRTUAL)
     }, only=CORE | {VIRTUAL}),
+    # torch's scale_grads=True (torchtitan's split, a mean loss) divides the whole .grad at every step: accumulated
+    # over two steps, the first step's part is divided again.
+    "torchtitan_accumulation": Row(G + "torchtitan:pipeline", failing={
+        ACCUMULATION: "the first step's part of the accumulated gradients is 1/2 of what it should be and the last "
+                      "step's is right: torch's schedule with scale_grads=True",
+    }, only=frozenset({ACCUMULATION})),
     "detached_output": Row(G + "detached_output:pipeline", failing={
         GRADIENTS: "the parameters of stage 0 get no gradient while one process's are nonzero", TRAINS: None,
     }),

@@ -8,8 +8,14 @@ importing this package.
 from __future__ import annotations
 
 from nemo_dist.conformance.engine.registry import Suite, register_suite
-from nemo_dist.conformance.suites.pp import checks, data_parallel_check, keyword_check, virtual_check
+from nemo_dist.conformance.suites.pp import (
+    accumulation_check,
+    checks,
+    data_parallel_check,
+    keyword_check,
+    virtual_check,
+)
 
-__all__ = ["checks", "data_parallel_check", "keyword_check", "virtual_check"]
+__all__ = ["accumulation_check", "checks", "data_parallel_check", "keyword_check", "virtual_check"]
 
 register_suite(Suite("pp"))

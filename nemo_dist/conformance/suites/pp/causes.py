@@ -28,6 +28,7 @@ __all__ = [
     "NEVER_REDUCED",
     "NEVER_ZEROED",
     "NORM_TWICE",
+    "RESCALED_ACCUMULATION",
     "TIED_NOT_SUMMED",
     "cause_of",
     "exact_factor",
@@ -70,6 +71,14 @@ DP_UNITS = (
 NEVER_REDUCED = (
     "the gradients are never reduced over the dp ranks: each rank's equal one process's given that rank's rows "
     "alone (the stages not sharded or replicated over dp_mesh, or its reduction skipped)"
+)
+#: The cause of accumulated gradients whose earlier steps' part is divided by the microbatch count again.
+RESCALED_ACCUMULATION = (
+    "the first step's part of the accumulated gradients is 1/{m:g} of what it should be and the last step's is "
+    "right: torch's schedule with scale_grads=True divides the whole .grad by the microbatch count at the end of "
+    "every step (PipelineStage.scale_grads, torch 2.13), so gradients left from earlier steps are divided again "
+    "(torchtitan PR #1732's class). torch's behaviour, not your split: accumulate with scale_grads=False and a "
+    "loss the loop scales (upstream's token-sum contract does)"
 )
 #: The cause of a stage whose parameters get no gradient.
 DETACHED = (

@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DataParallelRun", "Difference", "KeywordRun", "Misplacement", "NormTwice", "PipelineRun", "StageKeywords"]
+__all__ = [
+    "AccumulationRun",
+    "DataParallelRun",
+    "Difference",
+    "KeywordRun",
+    "Misplacement",
+    "NormTwice",
+    "PipelineRun",
+    "StageKeywords",
+]
 
 #: ``(max |got - want|, max(1, max |want|), got's least-squares multiple of want, what that multiple leaves)``:
 #: :func:`~.ranks.difference`.
@@ -129,3 +138,19 @@ class DataParallelRun:
     unreduced: dict[str, Difference | None] | None = None
     params: dict[str, Difference | None] = field(default_factory=dict)
     steps: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AccumulationRun:
+    """One rank's two schedule steps accumulated before one optimizer step, beside one process
+    (:func:`~.accumulation.run`): ``microbatches`` a step, ``tolerance`` (the compute dtype's), ``misplaced`` (as
+    :class:`PipelineRun`'s); ``grads``: each held parameter's gradient against one process's; ``fit``: ``(a, b,
+    residual)``, every held gradient as ``a`` times the first step's part plus ``b`` times the second's (both 1
+    where right), None where not determined.
+    """
+
+    microbatches: int
+    tolerance: float
+    misplaced: Misplacement | None = None
+    grads: dict[str, Difference | None] = field(default_factory=dict)
+    fit: tuple[float, float, float] | None = None
