@@ -20,7 +20,6 @@ import copy
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
@@ -56,8 +55,7 @@ def _second(ids: torch.Tensor, labels: torch.Tensor, vocab: int) -> tuple[torch.
 def _part(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
     """Each parameter's gradient of one process's summed (``scale`` divides it) cross entropy over ``ids``."""
     model.zero_grad(set_to_none=True)
-    output = target.logits(model(ids)).flatten(0, 1)
-    (F.cross_entropy(output, labels.flatten(), ignore_index=target.IGNORE, reduction="sum") / scale).backward()
+    (target.one_process_loss(model, ids, labels, summed=True) / scale).backward()
     return {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
             for name, p in model.named_parameters()}
 
@@ -82,10 +80,9 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> AccumulationRun:
         params = [param for *_, param in held]
         for param in params:
             param.grad = None
-        first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
         for step, (ids, labels) in enumerate(((ids_a, labels_a), (ids_b, labels_b))):
             where = f"in accumulation step {step + 1} (schedule.step, gradients not cleared)"
-            made.step(*((ids,) if first else ()), target=labels if last else None, losses=[] if last else None)
+            target.schedule_step(made, stages, ids, labels, [])
         divisor = tokens_a + tokens_b if summed else 2
         for param in params:
             if param.grad is not None:

@@ -11,14 +11,12 @@ the batch means (the loop divides by the step count). The rank side is
 
 from __future__ import annotations
 
-from nemo_dist.conformance.adapters.target_raised import run_reports, split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, failure
-from nemo_dist.conformance.suites.pp import accumulation, target
+from nemo_dist.conformance.suites.pp import accumulation
 from nemo_dist.conformance.suites.pp.causes import RESCALED_ACCUMULATION, pp_check
-from nemo_dist.conformance.suites.pp.checks import describe, raised_message, refused_alike
-from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
+from nemo_dist.conformance.suites.pp.checks import in_turn
 from nemo_dist.conformance.suites.pp.ranks import within
 
 __all__ = ["accumulated_steps_equal_one_process"]
@@ -43,21 +41,7 @@ def accumulated_steps_equal_one_process(world: WorldLike, impl: Implementation) 
     if impl.suite_option("pp_step") is not None:
         raise NotApplicable("--pp-step names the training loop's step, which clears the gradients itself: the suite "
                             "cannot accumulate two steps through it")
-    schedules = target.schedules(impl)
-    schedule = schedules[(world.size - 2) % len(schedules)]
-    for microbatches in (world.size, 2 * world.size):
-        where = describe(schedule, world.size, microbatches) + ", two steps accumulated"
-        spec = {"microbatches": microbatches, "schedule": schedule}
-        raised, found = split_reports(run_reports(world, accumulation.run, impl, spec))
-        alike = refused_alike(raised, world.size)
-        if alike is None or "microbatch" not in alike.error.lower():
-            break
-    if alike is not None:
-        raise NotApplicable(f"{where}: the pipeline refuses to be built on every rank ({alike.error}); the core "
-                            "checks judge that")
-    if raised:
-        raise AssertionError(raised_message(where, raised, world.size))
-    fail_if_misplaced(where, found)
+    where, found = in_turn(world, impl, accumulation.run, ", two steps accumulated")
     lines = []
     for rank, report in enumerate(found):
         wrong = {label: pair for label, pair in report.grads.items() if not within(pair, report.tolerance)}

@@ -20,6 +20,7 @@ millionfold).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -41,15 +42,17 @@ from nemo_dist.conformance.suites.pp.causes import (
     exact_factor,
     pp_check,
 )
-from nemo_dist.conformance.suites.pp.messages import PipelineRun
+from nemo_dist.conformance.suites.pp.messages import Difference, PipelineRun
 from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
 
 __all__ = [
     "GRADIENT_TOLERANCE",
     "PARAMETER_TOLERANCE",
     "describe",
+    "differing",
     "each_run",
     "gradients_equal_one_process",
+    "in_turn",
     "judge_gradients",
     "judge_held",
     "judge_loss",
@@ -58,6 +61,7 @@ __all__ = [
     "matrix",
     "raised_message",
     "refused_alike",
+    "stage_list",
     "stages_hold_every_parameter_once",
     "steps_of",
     "tied_weights_summed_or_refused",
@@ -125,6 +129,29 @@ def each_run(world: WorldLike, impl: Implementation) -> list[tuple[str, list[Pip
     return runs
 
 
+def in_turn(world: WorldLike, impl: Implementation, run: Callable[..., Any], suffix: str) -> tuple[str, list[Any]]:
+    """``(label, reports)`` of ``run`` (a rank side taking ``(impl, spec)``) on one schedule a world (taken in turn
+    by world size) with as many microbatches as ranks, twice as many where every rank refuses that count naming
+    microbatches; ``suffix`` ends the label. NotApplicable where every rank refuses to build the pipeline (the core
+    checks judge that); a failure naming the ranks where some raised, or where the stages are misplaced."""
+    schedules = target.schedules(impl)
+    schedule = schedules[(world.size - 2) % len(schedules)]
+    for microbatches in (world.size, 2 * world.size):
+        where = describe(schedule, world.size, microbatches) + suffix
+        raised, found = split_reports(rank_reports(world, run, impl, {"microbatches": microbatches,
+                                                                       "schedule": schedule}))
+        alike = refused_alike(raised, world.size)
+        if alike is None or not _about_microbatches(alike):
+            break
+    if alike is not None:
+        raise NotApplicable(f"{where}: the pipeline refuses to be built on every rank ({alike.error}); the core "
+                            "checks judge that")
+    if raised:
+        raise AssertionError(raised_message(where, raised, world.size))
+    fail_if_misplaced(where, found)
+    return where, found
+
+
 def raised_message(where: str, raised: list[tuple[int, Raised]], size: int) -> str:
     """A failure's message for a pipeline that raised on some of ``size`` ranks: which ranks, where and what (once
     where they raised alike), then the first one's traceback."""
@@ -136,6 +163,26 @@ def raised_message(where: str, raised: list[tuple[int, Raised]], size: int) -> s
     else:
         errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
     return f"{where}: the pipeline raised on {len(raised)} of {size} ranks: {errors}\n{first.traceback}"
+
+
+def stage_list(indices: list[int]) -> str:
+    """``stage 1`` or ``stages 0, 2``."""
+    return ("stage " if len(indices) == 1 else "stages ") + ", ".join(map(str, indices))
+
+
+def differing(head: str, off: Mapping[str, Difference | None], total: int) -> list[str]:
+    """The lines, each starting ``head``, naming gradients that differ from one process's (``off``, of ``total``):
+    those that got none, then how many differ and the largest, relative to its scale."""
+    lines = []
+    missing = [label for label, pair in off.items() if pair is None]
+    shown = {label: pair for label, pair in off.items() if pair is not None}
+    if missing:
+        lines.append(head + f"no gradient for {', '.join(missing)}")
+    if shown:
+        label, pair = max(shown.items(), key=lambda item: item[1][0] / item[1][1])
+        lines.append(head + f"{len(shown)} of {total} gradients differ, the largest by {pair[0]:.3g} ({label}, "
+                            f"{pair[2]:.6g} times one process's)")
+    return lines
 
 
 def refused_alike(raised: list[tuple[int, Raised]], size: int) -> Raised | None:

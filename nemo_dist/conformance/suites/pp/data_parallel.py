@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
@@ -122,7 +121,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> DataParallelRun:
             one.zero_grad(set_to_none=True)
             target.train_step(impl, made, stages, ids[mine], labels[mine], [], divisor=tokens / dp,
                               dp_mesh=mesh["dp"])
-            _loss(one, ids, labels).backward()
+            target.one_process_loss(one, ids, labels).backward()
             if step == 0:
                 report.grads = {parameter_label(i, n, k): gradient_difference(p, reference.get(k or ""))
                                 for i, n, k, p in held}
@@ -146,19 +145,12 @@ def _anywhere(flag: bool) -> bool:
     return bool(found.item())
 
 
-def _loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, summed: bool = False) -> torch.Tensor:
-    """One process's cross entropy of ``ids``: the mean over label tokens, or (``summed``) their sum."""
-    output = target.logits(model(ids)).flatten(0, 1)
-    return F.cross_entropy(output, labels.flatten(), ignore_index=target.IGNORE,
-                           reduction="sum" if summed else "mean")
-
-
 def _unreduced(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, summed: bool, divisor: float,
                held: list[tuple[int, str, str | None, Any]]) -> dict[str, Difference | None]:
     """Each held gradient against one process given this rank's rows alone, scaled as this rank's step scales a
     gradient no ``dp`` reduction touched (under ``token_sum`` the sum over its label tokens over ``divisor``, else
     the mean over its rows)."""
-    loss = _loss(model, ids, labels, summed)
+    loss = target.one_process_loss(model, ids, labels, summed=summed)
     (loss / divisor if summed else loss).backward()
     variant = dict(model.named_parameters())
     return {parameter_label(i, n, k): gradient_difference(p, variant.get(k or "")) for i, n, k, p in held}

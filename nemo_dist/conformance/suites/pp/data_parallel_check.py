@@ -19,7 +19,14 @@ from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.engine.registry import WorldLike, WorldRule, failure
 from nemo_dist.conformance.suites.pp import data_parallel, target
 from nemo_dist.conformance.suites.pp.causes import DP_FACTORS, DP_UNITS, NEVER_REDUCED, exact_factor, pp_check
-from nemo_dist.conformance.suites.pp.checks import PARAMETER_TOLERANCE, raised_message, refused_alike, steps_of
+from nemo_dist.conformance.suites.pp.checks import (
+    PARAMETER_TOLERANCE,
+    differing,
+    raised_message,
+    refused_alike,
+    stage_list,
+    steps_of,
+)
 from nemo_dist.conformance.suites.pp.messages import DataParallelRun, Difference
 from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
 from nemo_dist.conformance.suites.pp.ranks import within
@@ -73,13 +80,9 @@ def data_parallel_trains_like_one_process(world: WorldLike, impl: Implementation
         wrong = [f"  {name}: off by {pair[0]:.3g}" for name, pair in report.params.items()
                  if pair is not None and not within(pair, allowed)]
         if wrong:
-            raise AssertionError(f"{where}, rank {rank} ({_stages(report.stages)}, dp rank {report.dp_rank}): "
+            raise AssertionError(f"{where}, rank {rank} ({stage_list(report.stages)}, dp rank {report.dp_rank}): "
                                  f"after {' and '.join(report.steps)} steps the parameters differ from one "
                                  "process's:\n" + "\n".join(wrong))
-
-
-def _stages(values: list[int]) -> str:
-    return ("stage " if len(values) == 1 else "stages ") + ", ".join(map(str, values))
 
 
 def _judge_gradients(where: str, found: list[DataParallelRun]) -> None:
@@ -94,15 +97,8 @@ def _judge_gradients(where: str, found: list[DataParallelRun]) -> None:
         if not pairs:
             continue
         report = found[rank]
-        missing = [label for label, pair in pairs.items() if pair is None]
-        shown = {label: pair for label, pair in pairs.items() if pair is not None}
-        head = f"  rank {rank} ({_stages(report.stages)}, dp rank {report.dp_rank}): "
-        if missing:
-            lines.append(head + f"no gradient for {', '.join(missing)}")
-        if shown:
-            label, pair = max(shown.items(), key=lambda item: item[1][0] / item[1][1])
-            lines.append(head + f"{len(shown)} of {len(report.grads)} gradients differ, the largest by {pair[0]:.3g} "
-                                f"({label}, {pair[2]:.6g} times one process's)")
+        lines += differing(f"  rank {rank} ({stage_list(report.stages)}, dp rank {report.dp_rank}): ", pairs,
+                           len(report.grads))
     message = f"{where}: gradients differ from one process's given every dp rank's rows:\n" + "\n".join(lines)
     cause = likely_cause(found, wrong)
     raise failure(message, cause) if cause else AssertionError(message)

@@ -13,23 +13,17 @@ same positions (:mod:`.keywords`).
 
 from __future__ import annotations
 
-from nemo_dist.conformance.adapters.target_raised import run_reports, split_reports
 from nemo_dist.conformance.engine.errors import NotApplicable
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.engine.registry import WorldLike, failure
 from nemo_dist.conformance.suites.pp import keywords, target
 from nemo_dist.conformance.suites.pp.causes import KEYWORDS_FIRST_STAGE_ONLY, pp_check
-from nemo_dist.conformance.suites.pp.checks import refused_alike
+from nemo_dist.conformance.suites.pp.checks import differing, in_turn, stage_list
 from nemo_dist.conformance.suites.pp.messages import KeywordRun
-from nemo_dist.conformance.suites.pp.placement import fail_if_misplaced
 from nemo_dist.conformance.suites.pp.ranks import within
 
 __all__ = ["keyword_inputs_reach_every_stage"]
-
-
-def _stage_list(indices: list[int]) -> str:
-    return ("stage " if len(indices) == 1 else "stages ") + ", ".join(map(str, indices))
 
 
 @pp_check("pp.keyword_inputs_reach_every_stage", tier="extended")
@@ -53,25 +47,7 @@ def keyword_inputs_reach_every_stage(world: WorldLike, impl: Implementation) -> 
     if step is not None and not target.takes_keyword(resolve_callable(step)):
         raise NotApplicable(f"the --pp-step function takes no keyword arguments: it cannot pass {target.KEYWORD} "
                             "to schedule.step")
-    schedules = target.schedules(impl)
-    schedule = schedules[(world.size - 2) % len(schedules)]
-    for microbatches in (world.size, 2 * world.size):
-        where = (f"{schedule or 'its own schedule'}, pp {world.size}, {microbatches} microbatches, packed "
-                 f"{target.KEYWORD} as keyword inputs")
-        spec = {"microbatches": microbatches, "schedule": schedule}
-        raised, found = split_reports(run_reports(world, keywords.run, impl, spec))
-        alike = refused_alike(raised, world.size)
-        refused = None if alike is None else alike.error
-        if refused is None or "microbatch" not in refused.lower():
-            break
-    if refused is not None:
-        raise NotApplicable(f"{where}: the pipeline refuses to be built on every rank ({refused}); the core checks "
-                            "judge that")
-    if raised:
-        errors = "; ".join(f"rank {rank} {r.where}: {r.error}" for rank, r in raised)
-        raise AssertionError(f"{where}: the pipeline raised on {len(raised)} of {world.size} ranks: {errors}\n"
-                             f"{raised[0][1].traceback}")
-    fail_if_misplaced(where, found)
+    where, found = in_turn(world, impl, keywords.run, f", packed {target.KEYWORD} as keyword inputs")
     stages = found[0].stages
     if not found[0].model_takes:
         raise NotApplicable(f"the model's forward takes no keyword {target.KEYWORD}")
@@ -82,8 +58,8 @@ def keyword_inputs_reach_every_stage(world: WorldLike, impl: Implementation) -> 
     if refusing:
         takers = [stage.index for stage in stages if stage.takes]
         raise AssertionError(
-            f"{where}: {_stage_list([s.index for s in refusing])} take no keyword {target.KEYWORD} ("
-            f"{refusing[0].signature}) while {_stage_list(takers)} do: torch hands every stage the keyword inputs "
+            f"{where}: {stage_list([s.index for s in refusing])} take no keyword {target.KEYWORD} ("
+            f"{refusing[0].signature}) while {stage_list(takers)} do: torch hands every stage the keyword inputs "
             "of its rank's step, so these stages raise TypeError, and fed none they run with default positions")
     lines = _differences(found)
     if not lines:
@@ -106,15 +82,8 @@ def _differences(found: list[KeywordRun]) -> list[str]:
                          f"{report.loss[1]!r}")
         for index in sorted({i for i, _ in report.grads}):
             mine = {label: pair for (i, label), pair in report.grads.items() if i == index}
-            missing = [label for label, pair in mine.items() if pair is None]
-            wrong = {label: pair for label, pair in mine.items() if pair is not None
-                     and not within(pair, report.tolerance)}
-            if missing:
-                lines.append(f"  stage {index} (rank {rank}): no gradient for {', '.join(missing)}")
-            if wrong:
-                label, pair = max(wrong.items(), key=lambda item: item[1][0] / item[1][1])
-                lines.append(f"  stage {index} (rank {rank}): {len(wrong)} of {len(mine)} gradients differ, the "
-                             f"largest by {pair[0]:.3g} ({label}, {pair[2]:.6g} times one process's)")
+            off = {label: pair for label, pair in mine.items() if not within(pair, report.tolerance)}
+            lines += differing(f"  stage {index} (rank {rank}): ", off, len(mine))
     return lines
 
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
@@ -134,8 +133,7 @@ def _signature(fn: Any) -> str:
 
 def _loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """One process's mean cross entropy of the whole batch given ``positions`` as the keyword input."""
-    output = target.logits(model(ids, **{target.KEYWORD: positions}))
-    return F.cross_entropy(output.flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
+    return target.one_process_loss(model, ids, labels, keywords={target.KEYWORD: positions})
 
 
 def _first_stage_only(

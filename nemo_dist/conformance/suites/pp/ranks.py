@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
@@ -172,7 +171,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
                 param.grad = None
             losses: list[torch.Tensor] = []
             target.train_step(impl, made, stages, ids, labels, losses)
-            want = F.cross_entropy(target.logits(one(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
+            want = target.one_process_loss(one, ids, labels)
             want.backward()
             if step == 1:
                 report.carried = _carried(held, reference, first)
@@ -216,7 +215,7 @@ def _norm_twice(one: TinyPipelineLM, ids: torch.Tensor, labels: torch.Tensor,
     norm: Any = model.norm
     once = norm.forward
     norm.forward = lambda x: once(once(x))
-    loss = F.cross_entropy(target.logits(model(ids)).flatten(0, 1), labels.flatten(), ignore_index=target.IGNORE)
+    loss = target.one_process_loss(model, ids, labels)
     loss.backward()
     variant = dict(model.named_parameters())
     grads = {parameter_label(i, n, k): difference(_grad_of(p), _grad_of(variant[k])) for i, n, k, p in held

@@ -24,8 +24,8 @@ from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.suites.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
 from nemo_dist.conformance.suites.pp.models import VOCAB, TinyPipelineLM
 
-__all__ = ["CONVENTIONS", "IGNORE", "KEYWORD", "SCHEDULES", "loss_fn", "pipeline", "schedules", "takes_keyword",
-           "token_sum", "validate"]
+__all__ = ["CONVENTIONS", "IGNORE", "KEYWORD", "SCHEDULES", "loss_fn", "one_process_loss", "pipeline",
+           "schedule_step", "schedules", "takes_keyword", "token_sum", "validate"]
 
 #: ``--pp-loss``'s values.
 CONVENTIONS = ("mean", "token_sum")
@@ -129,6 +129,23 @@ def pipeline(impl: Implementation, model: torch.nn.Module, mesh: Any, microbatch
     return made, stages
 
 
+def schedule_step(made: Any, stages: list[Any], ids: torch.Tensor, labels: torch.Tensor, losses: list[torch.Tensor],
+                  keywords: Mapping[str, torch.Tensor] | None = None) -> None:
+    """``made.step`` as every rank calls it: the inputs where the rank holds the first stage, labels and ``losses``
+    where it holds the last, ``keywords`` on every rank (torch hands a step's keyword inputs to each stage of that
+    rank). Gradients are left as they are."""
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    made.step(*((ids,) if first else ()), target=labels if last else None, losses=losses if last else None,
+              **(keywords or {}))
+
+
+def one_process_loss(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, summed: bool = False,
+                     keywords: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """One process's cross entropy of the batch ``ids`` (``keywords`` given to the model): the mean over its label
+    tokens, or (``summed``) their sum."""
+    return (_summed if summed else _mean)(logits(model(ids, **(keywords or {}))), labels)
+
+
 def train_step(impl: Implementation, made: Any, stages: list[Any], ids: torch.Tensor, labels: torch.Tensor,
                losses: list[torch.Tensor], keywords: Mapping[str, torch.Tensor] | None = None, *,
                divisor: float | None = None, dp_mesh: Any = None) -> None:
@@ -146,9 +163,7 @@ def train_step(impl: Implementation, made: Any, stages: list[Any], ids: torch.Te
     params = [p for stage in stages for p in stage.submod.parameters()]
     for param in params:
         param.grad = None
-    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    made.step(*((ids,) if first else ()), target=labels if last else None, losses=losses if last else None,
-              **(keywords or {}))
+    schedule_step(made, stages, ids, labels, losses, keywords)
     if token_sum(impl):
         tokens = divisor if divisor is not None else int((labels != IGNORE).sum().item())
         for param in params:
