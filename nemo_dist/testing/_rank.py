@@ -25,6 +25,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
+from nemo_dist.testing._gloo_device import share_one_device
 from nemo_dist.testing._protocol import CALL, Init, Raised, RankWarning, Ready, Returned, dumps
 from nemo_dist.testing._stack_sampler import block_probe_signal, start_stack_sampler
 
@@ -115,6 +116,7 @@ def _join(init: Init) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    share_one_device()  # one gloo I/O thread per rank, not one per group (see _gloo_device)
     device = None
     if init.backend == "nccl":
         index = init.rank % torch.cuda.device_count()

@@ -1,0 +1,111 @@
+"""One gloo transport device for every gloo process group of a rank.
+
+torch gives each gloo process group a device of its own, and gloo's TCP
+device runs an I/O thread that wakes every 10 ms even while the group is
+idle. A rank of the harness lives for a whole session and keeps every group
+its checks made (meshes, subgroups, the debug wrapper's helper groups):
+hundreds of such threads across the worlds of a test run, tens of thousands
+of wakeups a second on a small machine, all of them stolen from the ranks
+doing work. Sharing one device changes no collective's semantics: each group
+keeps its own context, pairs and worker threads, and the one I/O thread
+serves every pair as each group's own thread did.
+
+The devices are the ones torch would make for a group: one per interface
+``GLOO_SOCKET_IFNAME`` lists (the harness names ``lo``), else the default
+device, on the transport ``GLOO_DEVICE_TRANSPORT`` names, but made once per
+process. :func:`share_one_device` installs it in a rank before it joins. Where
+torch builds a group in a way this module does not know, torch's own
+construction stands.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+__all__ = ["one_device_backend", "share_one_device"]
+
+#: Worker threads per group and device, as torch gives them.
+_THREADS_PER_DEVICE = 2
+
+
+def _devices(base: Any) -> list[Any]:
+    """The devices torch would make for one group: one per interface ``GLOO_SOCKET_IFNAME`` lists, else the
+    default device (as torch reads the variable: a value of one character names none)."""
+    names = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    if len(names) > 1:
+        return [base.create_device(interface=name) for name in names.split(",")]
+    return [base.create_default_device()]
+
+
+def one_device_backend(base: Any) -> type:
+    """A subclass of ``base`` (torch's ``ProcessGroupGloo``) whose instances share the devices made when it is.
+
+    It accepts what ``base`` accepts. Built from a timeout (and any
+    ``enable_reconfigure``), a group gets the shared devices and two worker
+    threads a device, as torch would give it devices of its own; built from
+    options that name no device, the shared ones; anything else is passed to
+    ``base`` as it is.
+    """
+    devices = _devices(base)
+
+    class OneDeviceGloo(base):
+        __doc__ = base.__doc__
+
+        def __init__(self, store: Any, rank: int, size: int, *args: Any, **kwargs: Any) -> None:
+            options = _options(base, devices, args, kwargs)
+            if options is None:
+                super().__init__(store, rank, size, *args, **kwargs)
+            else:
+                super().__init__(store, rank, size, options)
+
+    # Its name stays torch's (code may read a group's type by name); its module says whose it is.
+    OneDeviceGloo.__name__ = OneDeviceGloo.__qualname__ = base.__name__
+    return OneDeviceGloo
+
+
+def _options(base: Any, devices: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The options to build a group with on the shared device, or None to leave the call to torch."""
+    known = {"timeout", "enable_reconfigure", "options"}
+    if len(args) > 1 or set(kwargs) - known:
+        return None
+    given = args[0] if args else kwargs.get("options", kwargs.get("timeout"))
+    if isinstance(given, base._Options):
+        if given._devices or set(kwargs) - {"options"}:
+            return None
+        given._devices = devices
+        return given
+    if given is not None and not isinstance(given, datetime.timedelta):
+        return None
+    options = base._Options()
+    options._devices = devices
+    options._threads = _THREADS_PER_DEVICE * len(devices)
+    if given is not None:
+        options._timeout = given
+    if "enable_reconfigure" in kwargs:
+        if not hasattr(options, "enable_reconfigure"):
+            return None
+        options.enable_reconfigure = kwargs["enable_reconfigure"]
+    return options
+
+
+def share_one_device() -> bool:
+    """Make every gloo group this process creates from now on share one device; whether it was installed.
+
+    Call it before ``init_process_group`` in a process of its own (a rank):
+    it replaces the class ``torch.distributed.distributed_c10d`` builds gloo
+    groups with by :func:`one_device_backend` of it. Not installed (False)
+    where torch has no gloo.
+    """
+    from torch.distributed import distributed_c10d
+
+    if not distributed_c10d.is_gloo_available():
+        return False
+    base = distributed_c10d.ProcessGroupGloo
+    if getattr(base, "_nemo_dist_one_device", False):
+        return True
+    backend = one_device_backend(base)
+    backend._nemo_dist_one_device = True  # type: ignore[attr-defined]
+    distributed_c10d.ProcessGroupGloo = backend  # type: ignore[misc, assignment]
+    return True
