@@ -166,15 +166,26 @@ def stage_module(model: nn.Module, layers: range, *, first: bool, last: bool,
             f"the model's {layers_attr!r} must be an nn.ModuleDict keyed by layer index (got "
             f"{type(blocks).__name__}): a stage deletes the layers it does not hold and keeps the others' names"
         )
-    stage = copy.deepcopy(model)
-    for position, name in enumerate(list(blocks.keys())):
-        if position not in layers:
-            del getattr(stage, layers_attr)[name]
-    for name, _ in _named_parts(model, () if first else first_parts):
-        setattr(stage, name, None)
-    for name, _ in _named_parts(model, () if last else last_parts):
+    dropped = [name for name, _ in _named_parts(model, () if first else first_parts)]
+    dropped += [name for name, _ in _named_parts(model, () if last else last_parts)]
+    stage = _copy_without(model, blocks, [name for position, name in enumerate(blocks) if position not in layers],
+                          [name for name in dropped if name in model._modules])
+    for name in dropped:
         setattr(stage, name, None)
     return stage
+
+
+def _copy_without(model: nn.Module, blocks: nn.ModuleDict, layers: list[str], parts: list[str]) -> nn.Module:
+    """A deep copy of ``model`` without the ``layers`` of ``blocks`` and with its submodules ``parts`` None: they
+    are left out of the copy, not copied and then deleted (a stage copies its own share of the model). The
+    model is unchanged afterwards; a module also reachable from what the stage keeps is copied there as before."""
+    held, kept = blocks._modules, model._modules
+    blocks._modules = {name: module for name, module in held.items() if name not in layers}
+    model._modules = {name: None if name in parts else module for name, module in kept.items()}
+    try:
+        return copy.deepcopy(model)
+    finally:
+        blocks._modules, model._modules = held, kept
 
 
 def shard_stage(module: nn.Module, dp_mesh: Any, layers_attr: str = LAYERS) -> nn.Module:

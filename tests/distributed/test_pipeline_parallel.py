@@ -81,6 +81,24 @@ def test_a_stage_keeps_its_layers_and_parts_under_the_model_s_names() -> None:
     assert len(model.layers) == 5  # the model itself is unchanged
 
 
+def test_a_stage_is_a_copy_of_its_share_and_the_model_keeps_every_part() -> None:
+    """A stage's parameters are copies equal to the model's (none shared), the model keeps every layer and part
+    afterwards, and a dropped part that a kept layer also reaches is copied there, not lost."""
+    model = TinyPipelineLM(layers=4)
+    model.layers["2"].embedding_seen = model.tok_embeddings  # a kept layer also reaches a part the stage drops
+    parts = (model.tok_embeddings, model.norm, model.output)
+    middle = pp.stage_module(model, range(1, 3), first=False, last=False)
+    assert (model.tok_embeddings, model.norm, model.output) == parts
+    assert list(model.layers.keys()) == ["0", "1", "2", "3"]
+    assert (middle.tok_embeddings, middle.norm, middle.output) == (None, None, None)
+    assert list(middle.layers.keys()) == ["1", "2"]
+    own = dict(model.named_parameters())
+    for name, param in middle.named_parameters(remove_duplicate=False):
+        assert param is not own[name.replace("layers.2.embedding_seen.", "tok_embeddings.")]
+        assert torch.equal(param, own[name.replace("layers.2.embedding_seen.", "tok_embeddings.")])
+    assert isinstance(middle.layers["2"].embedding_seen, torch.nn.Embedding)
+
+
 def test_tied_embeddings_are_refused_naming_both_parts() -> None:
     with pytest.raises(ValueError, match=r"tied embeddings are not supported by pipeline parallelism: output.weight "
                                          r"is tok_embeddings.weight"):
