@@ -16,7 +16,7 @@ from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.registry import WorldLike, failure
 from nemo_dist.conformance.suites.pp import accumulation
 from nemo_dist.conformance.suites.pp.causes import RESCALED_ACCUMULATION, pp_check
-from nemo_dist.conformance.suites.pp.checks import in_turn
+from nemo_dist.conformance.suites.pp.checks import differing, in_turn
 from nemo_dist.conformance.suites.pp.ranks import within
 
 __all__ = ["accumulated_steps_equal_one_process"]
@@ -45,10 +45,7 @@ def accumulated_steps_equal_one_process(world: WorldLike, impl: Implementation) 
     lines = []
     for rank, report in enumerate(found):
         wrong = {label: pair for label, pair in report.grads.items() if not within(pair, report.tolerance)}
-        if wrong:
-            label, pair = max(wrong.items(), key=lambda item: float("inf") if item[1] is None else item[1][0])
-            size = "no gradient" if pair is None else f"the largest by {pair[0]:.3g} ({pair[2]:.6g} times)"
-            lines.append(f"  rank {rank}: {len(wrong)} of {len(report.grads)} gradients differ, {size} at {label}")
+        lines += differing(f"  rank {rank}: ", wrong, len(report.grads))
     if not lines:
         return
     message = f"{where}: the accumulated gradients differ from one process's over both batches:\n" + "\n".join(lines)
