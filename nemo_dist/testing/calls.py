@@ -87,9 +87,9 @@ def gather(
     the ranks that died with their exit description, the ranks that did not
     answer, and whether the deadline (rather than the ``grace_s`` seconds the
     others get after a first failure) ended the wait. With a ``watch``, the
-    deadline is extended one probe interval at a time while the unfinished
-    ranks are still working (:meth:`ProgressWatch.still_working`), up to
-    ``limit_s`` seconds in all.
+    deadline, and the grace after a first failure, are extended one probe
+    interval at a time while the unfinished ranks are still working
+    (:meth:`ProgressWatch.still_working`), up to ``limit_s`` seconds in all.
     """
     start = time.monotonic()
     end = start + deadline_s
@@ -107,8 +107,14 @@ def gather(
         now = time.monotonic()
         remaining = limit - now
         if remaining <= 0:
-            if grace_end is None and watch is not None and now < hard_end and watch.still_working(pending):
-                end = min(now + watch.interval_s, hard_end)
+            if watch is not None and now < hard_end and watch.still_working(pending):
+                # Still working, not stuck: past the deadline, or past the grace after another rank failed
+                # (a rank importing or computing on a busy machine gets to answer what it would answer).
+                if grace_end is None:
+                    end = min(now + watch.interval_s, hard_end)
+                else:
+                    grace_end = min(now + watch.interval_s, hard_end)
+                    end = max(end, grace_end)
                 continue
             break
         ready = wait([s for s, r in owner.items() if r in pending], remaining)

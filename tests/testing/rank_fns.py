@@ -162,6 +162,16 @@ def wait_for_busy_rank(busy_rank: int, seconds: float) -> int:
     return dist.get_rank()
 
 
+def refuse_after_computing(busy_rank: int, seconds: float) -> int:
+    """Every rank raises the same ValueError, rank ``busy_rank`` only after computing for ``seconds`` of CPU time (as
+    a rank still importing a model refuses what the others already refused)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == busy_rank:
+        compute_for(seconds)
+    raise ValueError("refused alike")
+
+
 def wait_for_busy_subprocess(busy_rank: int, seconds: float) -> int:
     """Rank ``busy_rank`` waits on a subprocess that computes for ``seconds`` of CPU time (as torch waits on a
     compiler it started), then every rank meets in a barrier."""

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nemo_dist.testing import World, WorldTimeout
+from nemo_dist.testing import RankFailure, World, WorldTimeout
 from nemo_dist.testing._stack_sampler import PROBE_SIGNAL
 from nemo_dist.testing.progress import PROBE_INTERVAL_S, proc_stat
 from tests.testing import rank_fns
@@ -46,6 +46,16 @@ def test_rank_waiting_on_a_working_subprocess_is_given_time_and_finishes(world2:
     """A rank asleep in ``subprocess.run`` while its child computes for 3 CPU s (torch's compiler) is working, not
     blocked: the child's CPU time counts as the rank's, and the call outlives a 1 s deadline."""
     assert world2.run_patiently(1.0, 60.0, rank_fns.wait_for_busy_subprocess, 1, 3.0) == [0, 1]
+
+
+def test_rank_still_computing_when_another_failed_answers_past_the_grace(world2: World) -> None:
+    """Rank 0 raises at once, rank 1 computes 3 CPU s (past the 1 s grace) and then raises the same: the failure
+    shows both ranks' exceptions, not rank 1 as one that did not answer."""
+    with pytest.raises(RankFailure) as info:
+        world2.run_patiently(1.0, 60.0, rank_fns.refuse_after_computing, 1, 3.0)
+    assert sorted(info.value.failures) == [0, 1]
+    for rank in (0, 1):
+        assert "raised ValueError: refused alike" in info.value.failures[rank], info.value.failures[rank]
 
 
 def test_rank_blocked_in_a_collective_times_out_soon_after_the_deadline(world2: World) -> None:
