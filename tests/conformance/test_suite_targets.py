@@ -136,3 +136,22 @@ def test_a_companion_components_checks_run_only_while_its_field_holds_a_value() 
     wrapped = Implementation(ddp=None, ddp_wrapper=DDPWrapper(fn="torch.nn.parallel:DistributedDataParallel"))
     assert [c.name for c in cases([wrapper_check], wrapped, [2])] == ["wrapper.demo"]
     assert target.checked_components(wrapped)[-1] == "wrapper"
+
+
+def test_the_fork_server_imports_the_bundled_modules_named_and_no_user_module() -> None:
+    """``own_modules`` names the modules of this package an implementation holds (the module of a
+    ``module:name`` too), the ones the ranks' fork server imports once for every rank; a user's module is
+    left for each rank to import, as it may start threads or touch an accelerator when imported."""
+    bundled = target.own_modules(target.Implementation())
+    assert {"nemo_dist.loss.dist_utils", "nemo_dist.distributed.ddp", "nemo_dist.distributed.fsdp2"} <= set(bundled)
+    assert all(name.startswith("nemo_dist.") and ":" not in name for name in bundled)
+
+    forked = target.own_modules(
+        target.Implementation(
+            gather="tests.forks.gather_detached",
+            suite_options=[("moe_fn", "nemo_dist.distributed.expert_parallel:parallelize_experts")],
+        )
+    )
+    assert "nemo_dist.loss.dist_utils" not in forked
+    assert not any(name.startswith("tests.") for name in forked)
+    assert "nemo_dist.distributed.expert_parallel" in forked

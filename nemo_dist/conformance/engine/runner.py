@@ -33,7 +33,7 @@ from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.profile import hypothesis_settings, new_seed, seeded
 from nemo_dist.conformance.engine.registry import SUITES, Case, Check, WorldLike, cases, thoroughness
-from nemo_dist.conformance.engine.target import SUITE_TARGETS, checked_components, import_components
+from nemo_dist.conformance.engine.target import SUITE_TARGETS, checked_components, import_components, own_modules
 from nemo_dist.conformance.engine.verdicts import Outcome, Report, Verdict, classify
 
 __all__ = ["run_case", "run_check", "run_checks", "run_checks_in", "run_worldless"]
@@ -169,10 +169,19 @@ def _world_setup(checks: Sequence[Check]) -> Callable[[], None] | None:
     return setups[0] if len(setups) == 1 else functools.partial(_run_each, tuple(setups))
 
 
-def _preload(checks: Sequence[Check]) -> tuple[str, ...]:
-    """The modules the ranks of the world checks import: each check's module (its rank side) and its ``preload``."""
+def _preload(checks: Sequence[Check], impl: Implementation, setup: Callable[[], None] | None) -> tuple[str, ...]:
+    """The modules the ranks of the world checks import: each check's module (its rank side) and its ``preload``,
+    the world setup's module and the modules of this package ``impl`` names (:func:`.target.own_modules`).
+
+    The fork server imports them once and every rank inherits them; a rank importing one itself also compiles
+    its bytecode where none is written (``PYTHONDONTWRITEBYTECODE``).
+    """
     world = [c for c in checks if c.needs_world]
-    return tuple(dict.fromkeys([*(c.fn.__module__ for c in world), *(m for c in world for m in c.preload)]))
+    if not world:
+        return ()
+    setup_module = [getattr(setup, "func", setup).__module__] if setup is not None else []
+    checked = [*(c.fn.__module__ for c in world), *(m for c in world for m in c.preload)]
+    return tuple(dict.fromkeys([*checked, *setup_module, *own_modules(impl)]))
 
 
 def _run_each(setups: tuple[Callable[[], None], ...]) -> None:
@@ -231,7 +240,7 @@ def run_checks(
             setup = _world_setup(checks)
             # A cold start on a loaded machine (bytecode compiled afresh by every rank) can take minutes.
             startup = max(_STARTUP_S, 3 * timeout)
-            preload = _preload(checks)
+            preload = _preload(checks, impl, setup)
             made = [
                 owned.enter_context(
                     World(size, backend, timeout, setup=setup, startup_timeout=startup, preload=preload)

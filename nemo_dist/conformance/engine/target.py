@@ -18,7 +18,7 @@ from typing import Any
 
 from nemo_dist.conformance.engine.declarations import SuiteTarget, suite_targets
 from nemo_dist.conformance.engine.errors import MissingParameter, NotApplicable, NotSupported, OptionError
-from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.engine.implementation import Implementation, declared_fields
 from nemo_dist.conformance.engine.importing import import_path, resolve_callable
 from nemo_dist.conformance.engine.options import BY_FIELD
 
@@ -37,6 +37,7 @@ __all__ = [
     "checked_components",
     "implementation_from_options",
     "import_components",
+    "own_modules",
     "resolve_callable",
     "resolve_implementation",
     "validate_implementation",
@@ -203,6 +204,24 @@ def import_components(impl: Implementation, components: Sequence[str] = COMPONEN
         used = not target.standalone or target.component in components
         if used and target.module_field and impl.value(target.module_field) is not None:
             impl.module(target.module_field)
+
+
+def own_modules(impl: Implementation) -> tuple[str, ...]:
+    """The modules of this package that ``impl``'s fields name (a module, or the module of a ``module:name``).
+
+    These are the bundled components a run checks unless told otherwise. They import nothing but torch, start
+    no thread and touch no accelerator when imported, so the ranks' fork server may import them before it forks
+    (:func:`~nemo_dist.conformance.engine.runner.run_checks`); a user's module may do any of these, so it is
+    imported by each rank.
+    """
+    package = __name__.split(".")[0] + "."
+    named = []
+    for field in (*declared_fields(), *(f for f, _ in impl.suite_options)):
+        values = impl.value(field)
+        for value in values if isinstance(values, tuple) else (values,):
+            if isinstance(value, str) and value.startswith(package):
+                named.append(value.partition(":")[0])
+    return tuple(dict.fromkeys(named))
 
 
 def checked_components(impl: Implementation) -> tuple[str, ...]:
