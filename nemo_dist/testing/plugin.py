@@ -53,6 +53,7 @@ _SIZES_KEY = pytest.StashKey[tuple[int, ...]]()
 _TIMEOUT_KEY = pytest.StashKey[float]()
 _REQUIRE_GPU_KEY = pytest.StashKey[bool]()
 _MAX_GPUS_KEY = pytest.StashKey["int | None"]()
+_PRELOAD_KEY = pytest.StashKey["tuple[str, ...]"]()
 _GPU_TESTS_KEY = pytest.StashKey[int]()  # gpu tests selected (summed over xdist workers)
 _NO_GPU_TEST_KEY = pytest.StashKey[str]()  # the message of a --dist-require-gpu run without gpu tests
 _REQUIRE_GPU_ENV = "NEMO_DIST_REQUIRE_GPU"
@@ -92,6 +93,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="use at most N GPUs: a gpu test whose NCCL world needs more is skipped, naming this bound, "
         "even under --dist-require-gpu (default: no bound)",
+    )
+    parser.addini(
+        "dist_preload",
+        type="linelist",
+        default=[],
+        help="modules the session's worlds import once, in the process their ranks are forked from, before any "
+        "rank starts: each rank inherits them instead of importing them itself (a module that fails to import "
+        "is left to the rank that needs it)",
     )
 
 
@@ -174,6 +183,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_TIMEOUT_KEY] = _parse_timeout(config.getoption("dist_timeout"))
     config.stash[_REQUIRE_GPU_KEY] = _require_gpu_from_env() or bool(config.getoption("dist_require_gpu"))
     config.stash[_MAX_GPUS_KEY] = _parse_max_gpus(config.getoption("dist_max_gpus"))
+    config.stash[_PRELOAD_KEY] = tuple(config.getini("dist_preload"))
     if os.environ.get(gpus.FAKE_GPU_COUNT_ENV) is not None:
         _cuda_count()  # a malformed seam value stops the run here, not in a test
     _load_profile(config)
@@ -330,11 +340,20 @@ class WorldFactory:
     call; :meth:`close` closes them all. For backend "nccl" the call skips the
     test when CUDA or ``size`` GPUs are missing (fails it with ``require_gpu``),
     and skips it when ``size`` is above ``max_gpus`` (whatever ``require_gpu``)
-    once CUDA is there.
+    once CUDA is there. Every World's ranks inherit the modules of ``preload``
+    (the ini value ``dist_preload``), imported once before the first rank forks.
     """
 
-    def __init__(self, timeout: float, *, require_gpu: bool = False, max_gpus: int | None = None) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        require_gpu: bool = False,
+        max_gpus: int | None = None,
+        preload: tuple[str, ...] = (),
+    ) -> None:
         self._timeout = timeout
+        self._preload = preload
         self._require_gpu = require_gpu
         self._max_gpus = max_gpus
         self._worlds: dict[tuple[int, str], World] = {}
@@ -348,7 +367,7 @@ class WorldFactory:
         key = (size, backend)
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = World(size, backend, self._timeout)
+            world = self._worlds[key] = World(size, backend, self._timeout, preload=self._preload)
         return world
 
     def _check_gpus(self, size: int) -> None:
@@ -373,6 +392,7 @@ def world_factory(pytestconfig: pytest.Config) -> Iterator[WorldFactory]:
         pytestconfig.stash[_TIMEOUT_KEY],
         require_gpu=pytestconfig.stash[_REQUIRE_GPU_KEY],
         max_gpus=pytestconfig.stash[_MAX_GPUS_KEY],
+        preload=pytestconfig.stash[_PRELOAD_KEY],
     )
     yield factory
     factory.close()

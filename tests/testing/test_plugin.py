@@ -224,3 +224,25 @@ def test_xdist_loadgroup_keeps_one_group_on_one_worker(pytester: pytest.Pytester
         f"the 4 tests of one xdist_group ran on workers {sorted(workers)}: --dist loadgroup does not group "
         "(pytest-xdist issue 1386 with pytest 9.2)\n" + result.stdout.str()
     )
+
+
+_PRELOAD_FILE = """
+import os
+
+def importer():
+    from tests.testing import _preloaded_by_ini
+    return _preloaded_by_ini.IMPORTED_BY, os.getpid(), os.getppid()
+
+def test_preloaded(dist_world):
+    for imported_by, pid, parent in dist_world.run(importer):
+        assert imported_by == parent != pid
+"""
+
+
+def test_dist_preload_modules_are_imported_once_by_the_process_the_ranks_fork_from(pytester: pytest.Pytester) -> None:
+    """Every rank of a session World finds the ``dist_preload`` modules imported by the fork server it came from
+    (its parent), not by itself. The module is one nothing else imports first."""
+    pytester.makepyfile(test_preload=_PRELOAD_FILE)
+    pytester.makeini("[pytest]\ndist_preload = tests.testing._preloaded_by_ini\n")
+    result = pytester.runpytest("--dist-world-sizes=2", "-p", "nemo_dist.testing.plugin")
+    result.assert_outcomes(passed=1)
