@@ -209,10 +209,10 @@ def import_components(impl: Implementation, components: Sequence[str] = COMPONEN
 def own_modules(impl: Implementation) -> tuple[str, ...]:
     """The modules of this package that ``impl``'s fields name (a module, or the module of a ``module:name``).
 
-    These are the bundled components a run checks unless told otherwise. They import nothing but torch, start
-    no thread and touch no accelerator when imported, so the ranks' fork server may import them before it forks
-    (:func:`~nemo_dist.conformance.engine.runner.run_checks`); a user's module may do any of these, so it is
-    imported by each rank.
+    These are the bundled components a run checks unless told otherwise. They import only torch and the standard
+    library, start no thread and touch no accelerator when imported, so the ranks' fork server may import them
+    before it forks (:func:`~nemo_dist.conformance.engine.runner.run_checks`); a user's module may do any of
+    these, so it is imported by each rank.
     """
     package = __name__.split(".")[0] + "."
     named = []
