@@ -72,6 +72,12 @@ COMPONENT_OPTIONS: dict[str, tuple[str, ...]] = {
     "nemo_dist/distributed/expert_parallel.py": (
         "--moe-fn", "nemo_dist.distributed.expert_parallel:parallelize_experts",
     ),
+    # The bundled pipeline's contract (upstream's token-sum loss) on the schedules of the bundled run and a V one,
+    # so that the V placement is built too.
+    "nemo_dist/distributed/pipeline_parallel.py": (
+        "--pp-fn", "nemo_dist.distributed.pipeline_parallel:build_pipeline", "--pp-loss", "token_sum",
+        "--pp-schedule", "GPipe,1F1B,Interleaved1F1B,ZBVZeroBubble",
+    ),
 }
 
 #: How an EXPLAINED reason says the mutant changes only what a CPU run cannot observe.
