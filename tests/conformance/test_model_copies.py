@@ -17,7 +17,7 @@ from torch import nn
 
 from nemo_dist.conformance.suites.ddp.expectations import TOLERANCE_FLOAT64, _plainly_close, lists_plainly_close
 from nemo_dist.conformance.suites.ddp.models import _MultimodalModel
-from nemo_dist.conformance.suites.ddp.templates import fresh_copy, seeded_template
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy, manual_seed, seeded_template
 from tests import targets
 
 
@@ -66,6 +66,40 @@ def test_fresh_copy_keeps_ties_and_shares_no_mutable_state() -> None:
     assert model.settings["scale"] == [1.0]
     assert not model._forward_hooks
     assert model.shared.weight.requires_grad
+
+
+class _CopiedItsWay(nn.Module):
+    """A module that says how it is copied (as the ``kernels`` package's hub layers do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.copies = 0
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _CopiedItsWay:
+        new = type(self)()
+        memo[id(self)] = new
+        new.linear.load_state_dict(self.linear.state_dict())
+        new.copies = self.copies + 1
+        return new
+
+
+def test_fresh_copy_copies_a_module_with_its_own_deepcopy_its_way() -> None:
+    model = nn.Sequential(_CopiedItsWay(), nn.Linear(2, 2))
+    fresh = fresh_copy(model)
+    assert fresh[0].copies == 1
+    assert fresh[0] is not model[0]
+    assert torch.equal(fresh[0].linear.weight, model[0].linear.weight)
+
+
+def test_manual_seed_draws_as_torch_manual_seed_does() -> None:
+    torch.manual_seed(3)
+    expected = (torch.rand(4), torch.randn(2, 3), torch.randint(0, 100, (5,)))
+    torch.manual_seed(99)
+    manual_seed(3)
+    found = (torch.rand(4), torch.randn(2, 3), torch.randint(0, 100, (5,)))
+    assert all(torch.equal(a, b) for a, b in zip(expected, found, strict=True))
+    assert torch.initial_seed() == 3
 
 
 def test_seeded_template_matches_building_and_leaves_the_generator_as_building_does() -> None:

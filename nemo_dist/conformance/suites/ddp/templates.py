@@ -12,7 +12,8 @@ of either.
 :func:`seeded_template` keeps one built model per ``(factory, seed, dtype)``
 together with the random-number state its building left behind, so that a
 caller sees the same weights and the same generator state as if it had
-built the model itself.
+built the model itself. :func:`manual_seed` seeds as ``torch.manual_seed``
+does, at a fraction of its cost on a machine without accelerators.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["fresh_copy", "seeded_template"]
+__all__ = ["fresh_copy", "manual_seed", "seeded_template"]
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -52,6 +53,8 @@ def _copy_value(value: Any, memo: dict[int, Any]) -> Any:
 def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
     if id(module) in memo:
         return memo[id(module)]
+    if hasattr(type(module), "__deepcopy__"):  # a module that says how it is copied is copied its way
+        return copy.deepcopy(module, memo)
     new = object.__new__(type(module))
     memo[id(module)] = new
     state = {}
@@ -79,6 +82,30 @@ def fresh_copy(module: _M) -> _M:
     return copied
 
 
+def manual_seed(seed: int) -> None:
+    """``torch.manual_seed(seed)``, without queueing the seeding of accelerators this process cannot use.
+
+    Where CUDA, XPU and MTIA are all unavailable (and no other device backend
+    is registered) only the CPU generator is seeded: ``torch.manual_seed``
+    would also queue each accelerator's lazy seeding, formatting the whole
+    Python stack three times (about 0.5 ms deep inside a rank). Anywhere else
+    it is ``torch.manual_seed`` itself.
+    """
+    if _accelerator_seeding_needed():
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
+
+
+def _accelerator_seeding_needed() -> bool:
+    return (
+        torch.cuda.is_available()
+        or torch.xpu.is_available()
+        or torch.mtia.is_available()
+        or torch._C._get_privateuse1_backend_name() != "privateuseone"
+    )
+
+
 def seeded_template(factory: Callable[[], _M], seed: int, dtype: torch.dtype) -> _M:
     """A fresh copy of ``factory()`` built under ``torch.manual_seed(seed)`` and cast to ``dtype``.
 
@@ -88,7 +115,7 @@ def seeded_template(factory: Callable[[], _M], seed: int, dtype: torch.dtype) ->
     """
     key = (factory, seed, dtype)
     if key not in _TEMPLATES:
-        torch.manual_seed(seed)
+        manual_seed(seed)
         _TEMPLATES[key] = (factory().to(dtype), torch.get_rng_state())
     template, rng_state = _TEMPLATES[key]
     torch.set_rng_state(rng_state)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from nemo_dist.conformance.suites.ddp.models import DIM, _Block
+from nemo_dist.conformance.suites.ddp.templates import manual_seed
 
 __all__ = ["LAYERS", "VOCAB", "SideInputLM", "TinyLM", "blocks", "tiny_lm"]
 
@@ -61,7 +62,7 @@ class TinyLM(nn.Module):
 
 def tiny_lm(seed: int, dtype: torch.dtype, tied: bool = False) -> TinyLM:
     """A :class:`TinyLM` with weights drawn from ``seed`` (the same on every rank: ``fully_shard`` broadcasts none)."""
-    torch.manual_seed(seed)
+    manual_seed(seed)
     return TinyLM(tied).to(dtype)
 
 

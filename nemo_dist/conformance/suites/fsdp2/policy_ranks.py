@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.suites.ddp.templates import manual_seed
 from nemo_dist.conformance.suites.fsdp2.calls import device, mesh, own_fsdp_internals, parallelize
 from nemo_dist.conformance.suites.fsdp2.messages import HeldPolicies
 from nemo_dist.conformance.suites.fsdp2.models import SideInputLM
@@ -39,7 +40,7 @@ def held_policies(impl: Implementation, seed: int, mp_policy: dict[str, Any] | N
     Also, per layer, the dtypes its first forward received (residual stream, side input).
     """
     with own_fsdp_internals():
-        torch.manual_seed(seed)
+        manual_seed(seed)
         model = SideInputLM().to(device())
         layers = list(model.layers)
         sharded = parallelize(impl, model, mesh(1), {"mp_policy": mp_policy})

@@ -13,7 +13,6 @@ a torch release lacks it).
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -26,6 +25,7 @@ from nemo_dist.conformance.engine.errors import NotSupported
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.ddp.op_ranks import counted_parts, observe_blocks
 from nemo_dist.conformance.suites.ddp.sharded import cpu_copy, full, grad_copy
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy
 from nemo_dist.conformance.suites.fsdp2.calls import device, mesh, own_fsdp_internals, parallelize, sync_ctx
 from nemo_dist.conformance.suites.fsdp2.messages import (
     Accumulation,
@@ -144,7 +144,7 @@ def sharding(impl: Implementation, replicas: int, seed: int) -> Sharding:
     """
     with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64)
-        model: nn.Module = copy.deepcopy(reference).to(device())
+        model: nn.Module = fresh_copy(reference).to(device())
         returned = parallelize(impl, model, mesh(replicas), {"mp_policy": {}})
         params = []
         param: Any
@@ -179,7 +179,7 @@ def training(
     """
     with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64, tied)
-        lm = copy.deepcopy(reference).to(device())
+        lm = fresh_copy(reference).to(device())
         model = parallelize(impl, lm, mesh(replicas), {"mp_policy": {}, **fields})
         tokens, targets = _tokens(seed, steps)
         sharded_opt, reference_opt = (
@@ -314,7 +314,7 @@ def accumulation(impl: Implementation, replicas: int, seed: int, micro: int) -> 
     with own_fsdp_internals():
         reference = tiny_lm(seed, torch.float64)
         for mode, defer in (("deferred", True), ("eager", False)):
-            model = parallelize(impl, copy.deepcopy(reference).to(device()), mesh(replicas), {"mp_policy": {}})
+            model = parallelize(impl, fresh_copy(reference).to(device()), mesh(replicas), {"mp_policy": {}})
             held = []
             with reductions() as reduced:
                 for index in range(micro):
@@ -351,7 +351,7 @@ def state_dicts(impl: Implementation, replicas: int, seed: int) -> StateDicts:
 
     with own_fsdp_internals():
         unsharded = tiny_lm(seed, torch.float64)
-        first = parallelize(impl, copy.deepcopy(unsharded).to(device()), mesh(replicas), {"mp_policy": {}})
+        first = parallelize(impl, fresh_copy(unsharded).to(device()), mesh(replicas), {"mp_policy": {}})
         tokens, targets = _tokens(seed, 1)
         _loss(first, _local(tokens[0]), _local(targets[0])).backward()
         torch.optim.SGD(first.parameters(), lr=0.1).step()

@@ -21,7 +21,6 @@ holds ``W / tp`` batches and one process sums the loss over those.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.ddp.sharded import shards
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy
 from nemo_dist.conformance.suites.gather.ranks import _device
 from nemo_dist.conformance.suites.moe.evidence import diagnosis
 from nemo_dist.conformance.suites.moe.local import LocalRows, find
@@ -189,7 +189,7 @@ def run(
     if muted:
         steer(reference, muted)
     before = {name: p.detach().clone() for name, p in reference.named_parameters()}
-    layer = parallelize(impl, copy.deepcopy(reference), mesh)
+    layer = parallelize(impl, fresh_copy(reference), mesh)
     dim = dim_of(reference)
     xs = [tokens(seed, r, n, dim) for r, n in enumerate(counts)]
     projections = [tokens(seed, r, n, dim, salt=1) for r, n in enumerate(counts)]
@@ -242,7 +242,7 @@ def _aux_parts(
         return None
     parts: list[dict[str, Any]] = []
     for weight in (0.0, 1.0):
-        again = copy.deepcopy(reference)
+        again = fresh_copy(reference)
         again.zero_grad(set_to_none=True)
         theirs = [x.clone().requires_grad_(True) for x in xs]
         dataclasses.replace(recipe, aux_weight=weight).reference_backward(again, theirs, projections)

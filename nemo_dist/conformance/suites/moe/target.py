@@ -23,6 +23,7 @@ from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.suites.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
+from nemo_dist.conformance.suites.ddp.templates import manual_seed
 from nemo_dist.conformance.suites.moe.layer import TinyMoE
 
 __all__ = ["AUX_REDUCTIONS", "AUX_WEIGHT", "FLOAT64_TOLERANCE", "LOSS_SCALES", "MESHES", "MUTE", "REDUCTIONS",
@@ -68,7 +69,7 @@ def tolerance(impl: Implementation) -> float:
 
 def build_layer(impl: Implementation, seed: int) -> nn.Module:
     """The unsharded layer, float64, seeded with ``seed`` (the same on every rank)."""
-    torch.manual_seed(seed)
+    manual_seed(seed)
     factory = impl.suite_option("moe_layer")
     layer = resolve_callable(factory)() if factory else TinyMoE()
     return layer.to(torch.float64)

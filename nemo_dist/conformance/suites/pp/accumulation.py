@@ -16,13 +16,13 @@ rescaled. Cached per spec.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import AccumulationRun
 from nemo_dist.conformance.suites.pp.placement import misplacement
@@ -63,7 +63,7 @@ def _part(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, scale
 def _run(impl: Implementation, spec: dict[str, Any]) -> AccumulationRun:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
     model, vocab = target.build_model(impl, SEED)
-    one = copy.deepcopy(model)
+    one = fresh_copy(model)
     reference = dict(one.named_parameters())
     where = BUILDING
     try:

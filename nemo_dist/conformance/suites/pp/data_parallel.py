@@ -19,7 +19,6 @@ held parameter. Cached per spec.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import DataParallelRun, Difference
 from nemo_dist.conformance.suites.pp.placement import misplacement
@@ -89,8 +89,8 @@ def run(impl: Implementation, spec: dict[str, Any]) -> DataParallelRun:
 def _run(impl: Implementation, spec: dict[str, Any]) -> DataParallelRun:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
     model, vocab = target.build_model(impl, SEED)
-    one = copy.deepcopy(model)
-    alone = copy.deepcopy(model)
+    one = fresh_copy(model)
+    alone = fresh_copy(model)
     reference = dict(one.named_parameters())
     mesh = pp_dp_mesh()
     dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()

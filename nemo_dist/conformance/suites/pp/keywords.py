@@ -18,7 +18,6 @@ transformers model with ``use_cache`` off. Cached per spec.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import Difference, KeywordRun, StageKeywords
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
@@ -71,9 +71,9 @@ def _layers(held: list[tuple[int, str, str | None, Any]], index: int) -> tuple[s
 def _run(impl: Implementation, spec: dict[str, Any]) -> KeywordRun:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
     model, vocab = target.build_model(impl, SEED)
-    one = copy.deepcopy(model)
+    one = fresh_copy(model)
     _without_cache(one)
-    first_only = copy.deepcopy(model) if isinstance(model, TinyPipelineLM) else None
+    first_only = fresh_copy(model) if isinstance(model, TinyPipelineLM) else None
     reference = dict(one.named_parameters())
     where = BUILDING
     try:

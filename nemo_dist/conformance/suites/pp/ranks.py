@@ -17,7 +17,6 @@ checks share one run.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy
 from nemo_dist.conformance.suites.pp import target
 from nemo_dist.conformance.suites.pp.messages import NormTwice, PipelineRun
 from nemo_dist.conformance.suites.pp.models import TinyPipelineLM
@@ -141,7 +141,7 @@ def run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
 def _run(impl: Implementation, spec: dict[str, Any]) -> PipelineRun:
     microbatches, summed = int(spec["microbatches"]), target.token_sum(impl)
     model, vocab = target.build_model(impl, SEED, tied=bool(spec.get("tied")))
-    one = copy.deepcopy(model)
+    one = fresh_copy(model)
     reference = dict(one.named_parameters())
     tied = _tied_names(one)
     where = BUILDING
@@ -210,7 +210,7 @@ def _norm_twice(one: TinyPipelineLM, ids: torch.Tensor, labels: torch.Tensor,
     """One process (a copy of ``one``, before its first optimizer step) with its final norm applied twice, against
     this rank's first step: ``loss`` (the variant's, where this rank reports one) and ``grads`` (each held
     parameter's gradient against the variant's, as :func:`difference`). Run only where the first step is off."""
-    model = copy.deepcopy(one)
+    model = fresh_copy(one)
     model.zero_grad(set_to_none=True)
     norm: Any = model.norm
     once = norm.forward

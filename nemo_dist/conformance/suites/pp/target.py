@@ -22,6 +22,7 @@ from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import resolve_callable
 from nemo_dist.conformance.suites.ddp.expectations import COMPUTE_ROUNDINGS, unit_roundoff
+from nemo_dist.conformance.suites.ddp.templates import manual_seed
 from nemo_dist.conformance.suites.pp.models import VOCAB, TinyPipelineLM
 
 __all__ = ["CONVENTIONS", "IGNORE", "KEYWORD", "SCHEDULES", "loss_fn", "one_process_loss", "pipeline",
@@ -83,7 +84,7 @@ def tolerance(impl: Implementation) -> float:
 def build_model(impl: Implementation, seed: int, tied: bool = False) -> tuple[torch.nn.Module, int]:
     """``(model, vocabulary)``: the ``--pp-model`` factory's model or the suite's (``tied``: its head tied to its
     embedding), seeded, in :func:`dtype`."""
-    torch.manual_seed(seed)
+    manual_seed(seed)
     factory = impl.suite_option("pp_model")
     model = resolve_callable(factory)() if factory and not tied else TinyPipelineLM(tie=tied)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None) or next(

@@ -14,7 +14,6 @@ counts. Results are cached per spec: the checks of one run share it.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch import nn
 from nemo_dist.conformance.adapters.target_raised import TargetRaised, run_once
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.ddp.sharded import whole_grad
+from nemo_dist.conformance.suites.ddp.templates import fresh_copy, manual_seed
 from nemo_dist.conformance.suites.fsdp2 import calls
 from nemo_dist.conformance.suites.tp import target
 from nemo_dist.conformance.suites.tp.messages import Difference, Heads, Placed, TPRun, UnbuiltModel
@@ -207,7 +207,7 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> TPRun | UnbuiltModel:
         return UnbuiltModel(f"{type(exc).__name__}: {exc}", tp, dp)
     device = calls.device()
     reference = built.model.to(device)
-    model = copy.deepcopy(reference)
+    model = fresh_copy(reference)
     tied_before = _tied(model)
     mesh = calls.mesh(1, tp)  # (1, 1, dp, 1, tp): dp is the world over tp
     where = "parallelizing"
@@ -234,9 +234,9 @@ def _run(impl: Implementation, spec: dict[str, Any]) -> TPRun | UnbuiltModel:
         for step in range(max(1, len(steps))):
             # The same random state for both forwards: a model with dropout draws the same masks on every rank
             # and in the unsharded copy (a plan must not change that: per-rank seeds inside a group are a bug).
-            torch.manual_seed(_SEED + 100 + step)
+            manual_seed(_SEED + 100 + step)
             logits = target.logits(model(inputs[rows]))
-            torch.manual_seed(_SEED + 100 + step)
+            manual_seed(_SEED + 100 + step)
             expected = target.logits(reference(inputs))
             if tuple(_full(logits).shape) != tuple(expected[rows].shape):
                 raise ValueError(f"logits of shape {tuple(_full(logits).shape)} where the unsharded model gives "

@@ -31,6 +31,7 @@ from torch import nn
 from nemo_dist.conformance.engine.errors import OptionError
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.engine.importing import import_path, resolve_callable
+from nemo_dist.conformance.suites.ddp.templates import manual_seed
 from nemo_dist.conformance.suites.tp.models import TinyConfig, TinyLlamaForCausalLM
 
 __all__ = [
@@ -87,7 +88,7 @@ def archs(impl: Implementation) -> tuple[str, ...]:
 
 def build_model(impl: Implementation, name: str, seed: int) -> Built:
     """The model ``name`` stands for, float64, seeded with ``seed`` (the same on every rank)."""
-    torch.manual_seed(seed)
+    manual_seed(seed)
     if name == impl.suite_option("tp_model"):
         model = resolve_callable(name)()
         vocab = getattr(getattr(model, "config", None), "vocab_size", None) or _embedding_rows(model) or 2

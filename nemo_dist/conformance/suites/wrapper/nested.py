@@ -21,6 +21,7 @@ from torch import nn
 
 from nemo_dist.conformance.engine.implementation import Implementation
 from nemo_dist.conformance.suites.ddp.entry_point import cpu_copy, dtype_of
+from nemo_dist.conformance.suites.ddp.templates import manual_seed
 from nemo_dist.conformance.suites.ddp.wrapped import backward, held, rank_device, sgd, wrap
 from nemo_dist.conformance.suites.wrapper.messages import NestedReport
 from nemo_dist.conformance.suites.wrapper.ranks import _loss, _scale, _wrapper
@@ -59,7 +60,7 @@ def _batch(rows: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _built() -> NestedModel:
-    torch.manual_seed(_SEED)
+    manual_seed(_SEED)
     return NestedModel().double()
 
 
