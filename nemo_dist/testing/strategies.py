@@ -12,6 +12,7 @@ it eagerly (use ``from nemo_dist.testing import strategies``).
 
 from __future__ import annotations
 
+import array
 import functools
 import math
 from collections.abc import Sequence
@@ -152,8 +153,15 @@ def _tensor_from_ints(values: list[Any], shape: tuple[int, ...], dtype: torch.dt
         is_bits = torch.tensor([b for b, _ in values], dtype=torch.bool)
         return torch.where(is_bits, as_bits, as_value).view(dtype).reshape(shape)
     if kind == "floats":  # multiples of 1/1024: not integer-valued, still small
-        return (torch.tensor(values, dtype=torch.float64) / 1024).to(dtype).reshape(shape)
-    return torch.tensor(values, dtype=torch.int64).to(dtype).reshape(shape)
+        return (_int64(values).to(torch.float64) / 1024).to(dtype).reshape(shape)
+    return _int64(values).to(dtype).reshape(shape)
+
+
+def _int64(values: list[int]) -> torch.Tensor:
+    """``torch.tensor(values, dtype=torch.int64)``, read from a typed buffer (a third of the time for long lists)."""
+    if not values:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.frombuffer(array.array("q", values), dtype=torch.int64)
 
 
 @functools.cache
