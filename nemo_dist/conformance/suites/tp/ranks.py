@@ -30,56 +30,11 @@ from nemo_dist.conformance.suites.fsdp2 import calls
 from nemo_dist.conformance.suites.tp import target
 from nemo_dist.conformance.suites.tp.messages import Difference, Heads, Placed, TPRun, UnbuiltModel
 
-__all__ = ["run", "tp_replicated", "warm_up"]
+__all__ = ["run", "tp_replicated"]
 
 _RUNS: dict[Any, TPRun | UnbuiltModel | TargetRaised] = {}
 _SEED = 11
 _BATCH_PER_DP_RANK = 2
-
-
-def warm_up() -> None:
-    """Shard the suite's tiny Llama with torch's styles and step it once when a world starts.
-
-    torch's first DTensor calls import (sympy) and fill its sharding caches,
-    about a second per rank, paid here in the background rather than inside a
-    check's deadline. The suite's own plan, not the target's: the harness
-    imports no component. A world whose size does not divide the model's
-    heads only imports.
-    """
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
-
-    from nemo_dist.conformance.suites.tp.models import TinyConfig, TinyLlamaForCausalLM
-
-    size = dist.get_world_size()
-    if TinyConfig().num_key_value_heads % size:
-        return
-    device = calls.device()
-    model = TinyLlamaForCausalLM().to(torch.float64).to(device)
-    layers = "model.layers.*"
-    parallelize_module(model, calls.mesh(1, size)["tp"], {
-        "model.embed_tokens": RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
-        ),
-        f"{layers}.self_attn.q_proj": ColwiseParallel(input_layouts=Shard(1)),
-        f"{layers}.self_attn.k_proj": ColwiseParallel(input_layouts=Shard(1)),
-        f"{layers}.self_attn.v_proj": ColwiseParallel(input_layouts=Shard(1)),
-        f"{layers}.self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-        f"{layers}.mlp.gate_proj": ColwiseParallel(input_layouts=Shard(1)),
-        f"{layers}.mlp.up_proj": ColwiseParallel(input_layouts=Shard(1)),
-        f"{layers}.mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-        f"{layers}.input_layernorm": SequenceParallel(),
-        f"{layers}.post_attention_layernorm": SequenceParallel(),
-        "model.norm": SequenceParallel(),
-        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    })
-    for module in model.modules():
-        if hasattr(module, "num_key_value_heads"):
-            for name in ("num_heads", "num_key_value_heads"):
-                setattr(module, name, getattr(module, name) // size)
-    ids = torch.zeros(1, 2 * size, dtype=torch.long, device=device)
-    logits = model(ids)
-    _backward(_loss(logits, ids), logits)
 
 
 def _full(tensor: Any) -> torch.Tensor:
