@@ -16,18 +16,33 @@ device, on the transport ``GLOO_DEVICE_TRANSPORT`` names, but made once per
 process. :func:`share_one_device` installs it in a rank before it joins. Where
 torch builds a group in a way this module does not know, torch's own
 construction stands.
+
+The shared devices' I/O threads run under Linux's ``SCHED_BATCH`` policy:
+the same share of the CPU as any thread, but a wakeup does not preempt the
+thread that is running. Woken by a message, gloo's I/O thread tries the
+lock of the message's pair; where one of the rank's worker threads holds it
+(posting a send or a receive), it returns to ``epoll_wait``, which reports
+the same message at once, and spins so until the holder runs again (gloo's
+``Pair::handleEvents``; pytorch/gloo issue 246). With more busy threads
+than cores, the wakeup can preempt the holder on its own core, and the I/O
+thread spins through its whole time slice. Under ``SCHED_BATCH`` the holder
+finishes first. Where the policy is unknown or refused the threads keep
+theirs. ``benchmarks/gloo_io_thread.py`` measures both policies side by side.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-__all__ = ["one_device_backend", "share_one_device"]
+__all__ = ["batch_scheduled", "one_device_backend", "share_one_device"]
 
 #: Worker threads per group and device, as torch gives them.
 _THREADS_PER_DEVICE = 2
+
+_T = TypeVar("_T")
 
 
 def _devices(base: Any) -> list[Any]:
@@ -39,6 +54,33 @@ def _devices(base: Any) -> list[Any]:
     return [base.create_default_device()]
 
 
+def _threads() -> set[int]:
+    """This process's thread ids (none where ``/proc`` does not list them)."""
+    try:
+        return {int(task) for task in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def batch_scheduled(make: Callable[[], _T]) -> _T:
+    """``make()``, each thread it started in this process switched to ``SCHED_BATCH`` (Linux) as it returns.
+
+    A thread that ended, or a system that has no such policy or refuses it,
+    is left as it is. Threads other code starts meanwhile are switched too.
+    """
+    policy = getattr(os, "SCHED_BATCH", None)
+    before = _threads() if policy is not None else set()
+    made = make()
+    if policy is None:
+        return made
+    for thread in _threads() - before:
+        try:
+            os.sched_setscheduler(thread, policy, os.sched_param(0))
+        except OSError:  # ended since it was listed, or the policy is refused here
+            continue
+    return made
+
+
 def one_device_backend(base: Any) -> type:
     """A subclass of ``base`` (torch's ``ProcessGroupGloo``) whose instances share the devices made when it is.
 
@@ -46,9 +88,10 @@ def one_device_backend(base: Any) -> type:
     ``enable_reconfigure``), a group gets the shared devices and two worker
     threads a device, as torch would give it devices of its own; built from
     options that name no device, the shared ones; anything else is passed to
-    ``base`` as it is.
+    ``base`` as it is. The devices' I/O threads run under ``SCHED_BATCH``
+    (:func:`batch_scheduled`).
     """
-    devices = _devices(base)
+    devices = batch_scheduled(lambda: _devices(base))
 
     class OneDeviceGloo(base):
         __doc__ = base.__doc__

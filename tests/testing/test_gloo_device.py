@@ -1,35 +1,40 @@
-"""Harness: every gloo group of a rank shares one transport device (one I/O thread), and keeps its semantics."""
+"""Harness: every gloo group of a rank shares one transport device (one I/O thread, batch-scheduled), and keeps
+its semantics."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import threading
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from nemo_dist.testing import World
-from nemo_dist.testing._gloo_device import one_device_backend
+from nemo_dist.testing._gloo_device import batch_scheduled, one_device_backend
 
 _LOOP_THREAD = "gloo_tcp_loop"
+_LINUX_POLICIES = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="scheduling policies are Linux's")
 
 
-def _loop_threads() -> int:
-    """Threads of this process named as gloo's TCP I/O thread names itself."""
-    names = []
+def _loop_thread_policies() -> list[int]:
+    """The scheduling policy of each thread of this process named as gloo's TCP I/O thread names itself."""
+    policies = []
     for task in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
-                names.append(comm.read().strip())
+                if comm.read().strip() == _LOOP_THREAD:
+                    policies.append(os.sched_getscheduler(int(task)))
         except OSError:  # the thread ended while listed
             continue
-    return names.count(_LOOP_THREAD)
+    return policies
 
 
-def _groups_reduce_and_count_threads(timeout_s: float) -> tuple[list[float], float, int]:
+def _groups_reduce_and_count_threads(timeout_s: float) -> tuple[list[float], float, list[int], int]:
     """On every rank: four new groups (the world, pairs, this rank alone) each all-reduce their ranks plus one;
-    the sums, the timeout a group given ``timeout_s`` holds, and gloo's I/O threads in this rank."""
+    the sums, the timeout a group given ``timeout_s`` holds, the policy of each gloo I/O thread in this rank, and
+    the main thread's policy."""
     size, rank = dist.get_world_size(), dist.get_rank()
     everyone = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=timeout_s))
     pairs = [dist.new_group([r, (r + 1) % size]) for r in range(0, size - 1, 2)]
@@ -42,19 +47,48 @@ def _groups_reduce_and_count_threads(timeout_s: float) -> tuple[list[float], flo
         dist.all_reduce(value, group=group)
         sums.append(value.item())
     held = everyone._get_backend(torch.device("cpu")).options._timeout.total_seconds()
-    return sums, held, _loop_threads()
+    return sums, held, _loop_thread_policies(), os.sched_getscheduler(0)
 
 
-def test_every_gloo_group_of_a_rank_shares_one_io_thread_and_reduces_exactly() -> None:
+@_LINUX_POLICIES
+def test_every_gloo_group_of_a_rank_shares_one_batch_scheduled_io_thread_and_reduces_exactly() -> None:
     """Groups over all ranks, over pairs and over one rank reduce exactly, each keeps its own timeout, and every
-    rank runs one gloo I/O thread however many groups it made (torch alone makes one a group)."""
+    rank runs one gloo I/O thread however many groups it made (torch alone makes one a group), under SCHED_BATCH
+    while the rank's own thread keeps the normal policy."""
     with World(3, timeout=60.0) as world:
         results = world.run(_groups_reduce_and_count_threads, 17.0)
-    for rank, (sums, held, threads) in enumerate(results):
+    for rank, (sums, held, policies, main_policy) in enumerate(results):
         pair = [s for s in (1.0 + 2.0,) if rank in (0, 1)]
         assert sums == [6.0, *pair, rank + 1.0], (rank, sums)
         assert held == 17.0
-        assert threads == 1, f"rank {rank} runs {threads} gloo I/O threads"
+        assert policies == [os.SCHED_BATCH], f"rank {rank}: gloo I/O threads with policies {policies}"
+        assert main_policy == os.SCHED_OTHER
+
+
+@_LINUX_POLICIES
+def test_batch_scheduled_switches_the_threads_started_inside_it_and_no_other() -> None:
+    """A thread started inside ``make`` runs under SCHED_BATCH once it returns; one started before keeps its
+    policy, and so does the calling thread; ``make``'s result is returned."""
+    release = threading.Event()
+    before = threading.Thread(target=release.wait)
+    before.start()
+    started: list[threading.Thread] = []
+
+    def make() -> str:
+        thread = threading.Thread(target=release.wait)
+        thread.start()
+        started.append(thread)
+        return "made"
+
+    try:
+        assert batch_scheduled(make) == "made"
+        assert os.sched_getscheduler(started[0].native_id) == os.SCHED_BATCH
+        assert os.sched_getscheduler(before.native_id) == os.SCHED_OTHER
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        release.set()
+        for thread in (before, *started):
+            thread.join()
 
 
 def test_groups_built_by_the_class_share_its_device_and_hold_their_options() -> None:
