@@ -112,11 +112,14 @@ def _hangs(junit: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
     seconds: list[float] = []
     waited: list[float] = []
     for case in root.iter("testcase"):
-        text = "".join(f.text or "" for f in case.iter("failure"))
-        if "Hung step:" in text:  # a hang's failure text names the hung step
-            seconds.append(float(case.get("time", "0")))
-            found = re.search(r"waited ([0-9.]+) s in all", text)
-            waited.append(float(found.group(1)) if found else float("nan"))
+        outcomes = [p.get("value") for p in case.iter("property") if p.get("name") == "outcome"]
+        if outcomes != ["hang"]:
+            continue
+        # a blocking HANG's text is an <error>, one that does not block (extended tier) is the <system-out>
+        text = "".join(e.text or "" for e in case if e.tag in ("error", "failure", "system-out"))
+        seconds.append(float(case.get("time", "0")))
+        found = re.search(r"waited ([0-9.]+) s in all", text)
+        waited.append(float(found.group(1)) if found else float("nan"))
     return tuple(seconds), tuple(waited)
 
 
