@@ -69,10 +69,10 @@ def batch_scheduled(make: Callable[[], _T]) -> _T:
     is left as it is. Threads other code starts meanwhile are switched too.
     """
     policy = getattr(os, "SCHED_BATCH", None)
-    before = _threads() if policy is not None else set()
-    made = make()
     if policy is None:
-        return made
+        return make()
+    before = _threads()
+    made = make()
     for thread in _threads() - before:
         try:
             os.sched_setscheduler(thread, policy, os.sched_param(0))
